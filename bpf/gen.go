@@ -1,0 +1,3 @@
+package bpf
+
+//go:generate go tool bpf2go -cc clang -cflags "-O2 -g -Wall -Werror" -target amd64,arm64 -type event gpud gpud.bpf.c -- -I./headers

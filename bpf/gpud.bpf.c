@@ -1,0 +1,375 @@
+//go:build ignore
+
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+//
+// gpud's kernel side: observers of GPU device file descriptors and the
+// cgroup/dev program that sees every device-file open.
+//
+// The hot path is every open() on the node. Ordinary files never reach the
+// cgroup/dev program; device files other than GPUs leave it after one hash
+// lookup. Only a GPU open marks the opening task (pending map), and the
+// openat-exit observer reads a single global counter before anything else, so
+// for every open that is not a GPU open it costs one load and one compare.
+// Close, fork, exec, exit and dup observers first look the process up in
+// `holders` (processes known to hold, or to have held, a GPU fd) and return
+// at once for everybody else.
+
+#include "headers/gpud.h"
+
+char __license[] SEC("license") = "Dual BSD/GPL";
+
+// --- user-space controlled globals (.data / .bss, mmapped by the loader) ---
+
+// The switch of patent claim 2: 0 stops every observer (and the gate's
+// marking) without unloading anything.
+volatile __u32 monitoring = 1;
+// Registration (claim 3): the consumer's tgid and cgroup are exempt, and the
+// heartbeat (CLOCK_MONOTONIC ns) tells the kernel side a consumer is alive.
+volatile __u32 consumer_tgid = 0;
+volatile __u64 consumer_cgroup = 0;
+volatile __u64 heartbeat_ns = 0;
+
+// --- kernel-maintained counters, read by user space ---
+volatile __u64 pending_marks = 0; // GPU opens marked by the gate, not yet seen at openat exit
+volatile __u64 dropped = 0;       // events lost because the ring buffer was full
+volatile __u64 scm_armed_until = 0; // a holder sent control data: watch recvmsg until then
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 256);
+	__type(key, __u32);   // kernel dev_t: major << 20 | minor
+	__type(value, __u32); // GPU index
+} gpu_devs SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64);   // task_struct pointer of an opener
+	__type(value, __u32); // GPU index it is opening
+} pending SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32);   // tgid
+	__type(value, __u32); // 1: has held a GPU fd (removed when the process exits)
+} holders SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u64);   // pid_tgid inside recvmsg while armed
+	__type(value, __u64); // user pointer to its struct user_msghdr
+} recv_msgs SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 22);
+} events SEC(".maps");
+
+// Force BTF for the event type so bpf2go generates a Go struct for it.
+const struct event *unused_event __attribute__((unused));
+
+static __always_inline int is_consumer(__u32 tgid)
+{
+	if (consumer_tgid && tgid == consumer_tgid)
+		return 1;
+	if (consumer_cgroup && bpf_get_current_cgroup_id() == consumer_cgroup)
+		return 1;
+	return 0;
+}
+
+// fd_gpu returns the GPU index behind fd of task t, or -1.
+static __always_inline int fd_gpu(struct task_struct *t, long fd)
+{
+	struct files_struct *files = BPF_CORE_READ(t, files);
+	if (!files)
+		return -1;
+	struct fdtable *fdt = BPF_CORE_READ(files, fdt);
+	if (!fdt)
+		return -1;
+	unsigned int max = BPF_CORE_READ(fdt, max_fds);
+	if (fd < 0 || (unsigned long)fd >= max)
+		return -1;
+	struct file **arr = BPF_CORE_READ(fdt, fd);
+	struct file *f = NULL;
+	if (bpf_probe_read_kernel(&f, sizeof(f), &arr[fd]) || !f)
+		return -1;
+	struct inode *ino = BPF_CORE_READ(f, f_inode);
+	if (!ino)
+		return -1;
+	umode_t mode = BPF_CORE_READ(ino, i_mode);
+	if ((mode & S_IFMT) != S_IFCHR)
+		return -1;
+	__u32 rdev = BPF_CORE_READ(ino, i_rdev);
+	__u32 *gpu = bpf_map_lookup_elem(&gpu_devs, &rdev);
+	return gpu ? (int)*gpu : -1;
+}
+
+static __always_inline void emit(__u32 type, __u32 pid, __u32 tgid, __u32 ppid, __s32 fd, __s32 gpu)
+{
+	struct event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		__sync_fetch_and_add(&dropped, 1);
+		return;
+	}
+	e->ts = bpf_ktime_get_ns();
+	e->cgroup_id = bpf_get_current_cgroup_id();
+	e->type = type;
+	e->pid = pid;
+	e->tgid = tgid;
+	e->ppid = ppid;
+	e->fd = fd;
+	e->gpu = gpu;
+	bpf_get_current_comm(&e->comm, sizeof(e->comm));
+	bpf_ringbuf_submit(e, 0);
+}
+
+static __always_inline void mark_holder(__u32 tgid)
+{
+	__u32 one = 1;
+	bpf_map_update_elem(&holders, &tgid, &one, BPF_ANY);
+}
+
+// ----------------------------------------------------------------------------
+// The gate. In this version it only observes: it marks the task that is
+// opening a tracked GPU node so that the openat-exit observer knows to look at
+// the new fd. It always allows.
+
+SEC("cgroup/dev")
+int gpud_gate(struct bpf_cgroup_dev_ctx *ctx)
+{
+	if (!monitoring)
+		return 1;
+	if ((ctx->access_type & 0xFFFF) != BPF_DEVCG_DEV_CHAR)
+		return 1;
+	if (!((ctx->access_type >> 16) & (BPF_DEVCG_ACC_READ | BPF_DEVCG_ACC_WRITE)))
+		return 1; // mknod only
+	__u32 rdev = (ctx->major << 20) | ctx->minor;
+	__u32 *gpu = bpf_map_lookup_elem(&gpu_devs, &rdev);
+	if (!gpu)
+		return 1;
+	__u64 task = bpf_get_current_task();
+	if (bpf_map_update_elem(&pending, &task, gpu, BPF_NOEXIST) == 0)
+		__sync_fetch_and_add(&pending_marks, 1);
+	else
+		bpf_map_update_elem(&pending, &task, gpu, BPF_EXIST);
+	return 1;
+}
+
+// consume_mark removes the current task's mark, if any; returns 1 if there was one.
+static __always_inline int consume_mark(__u64 task)
+{
+	if (!bpf_map_lookup_elem(&pending, &task))
+		return 0;
+	if (bpf_map_delete_elem(&pending, &task) == 0)
+		__sync_fetch_and_sub(&pending_marks, 1);
+	return 1;
+}
+
+static __always_inline int on_open_exit(long ret)
+{
+	if (pending_marks == 0)
+		return 0;
+	__u64 task = bpf_get_current_task();
+	if (!consume_mark(task))
+		return 0;
+	if (ret < 0 || !monitoring)
+		return 0;
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32;
+	if (is_consumer(tgid))
+		return 0;
+	int gpu = fd_gpu((struct task_struct *)task, ret);
+	if (gpu < 0)
+		return 0;
+	mark_holder(tgid);
+	emit(EV_OPEN, (__u32)id, tgid, 0, ret, gpu);
+	return 0;
+}
+
+SEC("tracepoint/syscalls/sys_exit_openat")
+int exit_openat(struct sys_exit_ctx *ctx) { return on_open_exit(ctx->ret); }
+
+SEC("tracepoint/syscalls/sys_exit_open")
+int exit_open(struct sys_exit_ctx *ctx) { return on_open_exit(ctx->ret); }
+
+SEC("tracepoint/syscalls/sys_exit_openat2")
+int exit_openat2(struct sys_exit_ctx *ctx) { return on_open_exit(ctx->ret); }
+
+// A new fd that may alias a GPU fd: dup, fcntl(F_DUPFD*), pidfd_getfd. The
+// return value is the new fd (for fcntl's other commands it is not an fd, and
+// checking it as one can only find a GPU fd that really is open).
+static __always_inline int on_new_fd(long ret, int holders_only)
+{
+	if (!monitoring || ret < 0)
+		return 0;
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32;
+	if (holders_only && !bpf_map_lookup_elem(&holders, &tgid))
+		return 0;
+	if (is_consumer(tgid))
+		return 0;
+	int gpu = fd_gpu((struct task_struct *)bpf_get_current_task(), ret);
+	if (gpu < 0)
+		return 0;
+	mark_holder(tgid);
+	emit(EV_OPEN, (__u32)id, tgid, 0, ret, gpu);
+	return 0;
+}
+
+SEC("tracepoint/syscalls/sys_exit_dup")
+int exit_dup(struct sys_exit_ctx *ctx) { return on_new_fd(ctx->ret, 1); }
+
+SEC("tracepoint/syscalls/sys_exit_fcntl")
+int exit_fcntl(struct sys_exit_ctx *ctx) { return on_new_fd(ctx->ret, 1); }
+
+SEC("tracepoint/syscalls/sys_exit_pidfd_getfd")
+int exit_pidfd_getfd(struct sys_exit_ctx *ctx) { return on_new_fd(ctx->ret, 0); }
+
+// dup2/dup3/close_range can replace or close several fds at once: ask user
+// space to reconcile the process from /proc/<pid>/fd.
+static __always_inline int resync_holder(long ret)
+{
+	if (!monitoring || ret < 0)
+		return 0;
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32;
+	if (!bpf_map_lookup_elem(&holders, &tgid) || is_consumer(tgid))
+		return 0;
+	emit(EV_RESYNC, (__u32)id, tgid, 0, -1, -1);
+	return 0;
+}
+
+SEC("tracepoint/syscalls/sys_exit_dup2")
+int exit_dup2(struct sys_exit_ctx *ctx) { return resync_holder(ctx->ret); }
+
+SEC("tracepoint/syscalls/sys_exit_dup3")
+int exit_dup3(struct sys_exit_ctx *ctx) { return resync_holder(ctx->ret); }
+
+SEC("tracepoint/syscalls/sys_exit_close_range")
+int exit_close_range(struct sys_exit_ctx *ctx) { return resync_holder(ctx->ret); }
+
+SEC("tracepoint/syscalls/sys_enter_close")
+int enter_close(struct sys_enter_fd_ctx *ctx)
+{
+	if (!monitoring)
+		return 0;
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32;
+	if (!bpf_map_lookup_elem(&holders, &tgid))
+		return 0;
+	long fd = (long)(int)ctx->fd;
+	int gpu = fd_gpu((struct task_struct *)bpf_get_current_task(), fd);
+	if (gpu < 0 || is_consumer(tgid))
+		return 0;
+	emit(EV_CLOSE, (__u32)id, tgid, 0, fd, gpu);
+	return 0;
+}
+
+// fds passed over unix sockets (SCM_RIGHTS): a holder sending control data
+// arms a window during which any recvmsg that receives control data asks for a
+// reconciliation of the receiver.
+SEC("tracepoint/syscalls/sys_enter_sendmsg")
+int enter_sendmsg(struct sys_enter_msg_ctx *ctx)
+{
+	if (!monitoring)
+		return 0;
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	if (!bpf_map_lookup_elem(&holders, &tgid))
+		return 0;
+	__u64 controllen = 0;
+	if (bpf_probe_read_user(&controllen, sizeof(controllen), (void *)ctx->msg + USER_MSGHDR_CONTROLLEN_OFF))
+		return 0;
+	if (controllen == 0)
+		return 0;
+	scm_armed_until = bpf_ktime_get_ns() + SCM_WINDOW_NS;
+	return 0;
+}
+
+SEC("tracepoint/syscalls/sys_enter_recvmsg")
+int enter_recvmsg(struct sys_enter_msg_ctx *ctx)
+{
+	if (scm_armed_until == 0 || bpf_ktime_get_ns() > scm_armed_until)
+		return 0;
+	__u64 id = bpf_get_current_pid_tgid();
+	__u64 msg = (__u64)ctx->msg;
+	bpf_map_update_elem(&recv_msgs, &id, &msg, BPF_ANY);
+	return 0;
+}
+
+SEC("tracepoint/syscalls/sys_exit_recvmsg")
+int exit_recvmsg(struct sys_exit_ctx *ctx)
+{
+	// A recvmsg that started inside the window may end well after it.
+	if (scm_armed_until == 0 || bpf_ktime_get_ns() > scm_armed_until + SCM_WINDOW_NS * 6)
+		return 0;
+	__u64 id = bpf_get_current_pid_tgid();
+	__u64 *msg = bpf_map_lookup_elem(&recv_msgs, &id);
+	if (!msg)
+		return 0;
+	__u64 ptr = *msg;
+	bpf_map_delete_elem(&recv_msgs, &id);
+	if (ctx->ret < 0 || !monitoring)
+		return 0;
+	__u64 controllen = 0;
+	if (bpf_probe_read_user(&controllen, sizeof(controllen), (void *)ptr + USER_MSGHDR_CONTROLLEN_OFF))
+		return 0;
+	__u32 tgid = id >> 32;
+	if (controllen == 0 || is_consumer(tgid))
+		return 0;
+	mark_holder(tgid);
+	emit(EV_RESYNC, (__u32)id, tgid, 0, -1, -1);
+	return 0;
+}
+
+// ----------------------------------------------------------------------------
+// Process lifecycle.
+
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(on_fork, struct task_struct *parent, struct task_struct *child)
+{
+	if (!monitoring)
+		return 0;
+	__u32 ptgid = BPF_CORE_READ(parent, tgid);
+	__u32 ctgid = BPF_CORE_READ(child, tgid);
+	if (ptgid == ctgid) // a new thread shares the process's fd table
+		return 0;
+	if (!bpf_map_lookup_elem(&holders, &ptgid))
+		return 0;
+	// The child inherited the parent's fds; user space reads which from /proc.
+	mark_holder(ctgid);
+	emit(EV_FORK, BPF_CORE_READ(child, pid), ctgid, ptgid, -1, -1);
+	return 0;
+}
+
+SEC("tp_btf/sched_process_exec")
+int BPF_PROG(on_exec, struct task_struct *p)
+{
+	if (!monitoring)
+		return 0;
+	__u32 tgid = BPF_CORE_READ(p, tgid);
+	if (!bpf_map_lookup_elem(&holders, &tgid))
+		return 0;
+	// O_CLOEXEC fds are already closed here.
+	emit(EV_EXEC, BPF_CORE_READ(p, pid), tgid, 0, -1, -1);
+	return 0;
+}
+
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(on_exit, struct task_struct *p)
+{
+	if (pending_marks)
+		consume_mark((__u64)p);
+	__u32 tgid = BPF_CORE_READ(p, tgid);
+	if (!bpf_map_lookup_elem(&holders, &tgid))
+		return 0;
+	// Only the last thread of the process closes its files.
+	if (BPF_CORE_READ(p, signal, live.counter) != 0)
+		return 0;
+	bpf_map_delete_elem(&holders, &tgid);
+	if (!monitoring)
+		return 0;
+	emit(EV_EXIT, BPF_CORE_READ(p, pid), tgid, 0, -1, -1);
+	return 0;
+}

@@ -1,0 +1,101 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * Minimal kernel types for gpud's programs. Field offsets are relocated at
+ * load time against the running kernel's BTF (CO-RE), so only the fields we
+ * read are declared; no full vmlinux.h is needed to build.
+ */
+#ifndef GPUD_H
+#define GPUD_H
+
+#include <linux/types.h>
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+
+typedef unsigned short umode_t;
+typedef __u32 dev_t;
+
+#define S_IFMT 00170000
+#define S_IFCHR 0020000
+
+typedef struct {
+	int counter;
+} atomic_t;
+
+struct inode {
+	umode_t i_mode;
+	dev_t i_rdev;
+} __attribute__((preserve_access_index));
+
+struct file {
+	struct inode *f_inode;
+} __attribute__((preserve_access_index));
+
+struct fdtable {
+	unsigned int max_fds;
+	struct file **fd;
+} __attribute__((preserve_access_index));
+
+struct files_struct {
+	struct fdtable *fdt;
+} __attribute__((preserve_access_index));
+
+struct signal_struct {
+	atomic_t live;
+} __attribute__((preserve_access_index));
+
+struct task_struct {
+	int pid;
+	int tgid;
+	struct files_struct *files;
+	struct signal_struct *signal;
+} __attribute__((preserve_access_index));
+
+/* Classic syscall tracepoint records (see events/syscalls/<name>/format). */
+struct sys_exit_ctx {
+	__u64 common;
+	int syscall_nr;
+	long ret;
+};
+
+struct sys_enter_fd_ctx {
+	__u64 common;
+	int syscall_nr;
+	unsigned long fd;
+};
+
+struct sys_enter_msg_ctx {
+	__u64 common;
+	int syscall_nr;
+	unsigned long fd;
+	void *msg;
+	unsigned long flags;
+};
+
+/* offsetof(struct user_msghdr, msg_controllen) on 64-bit */
+#define USER_MSGHDR_CONTROLLEN_OFF 40
+#define SCM_WINDOW_NS (10ULL * 1000 * 1000 * 1000)
+
+enum event_type {
+	EV_OPEN = 1,   /* a GPU fd appeared in a process (open, dup, pidfd_getfd) */
+	EV_CLOSE = 2,  /* a GPU fd is being closed */
+	EV_FORK = 3,   /* a holder forked: reconcile the child */
+	EV_EXEC = 4,   /* a holder exec'd: reconcile (O_CLOEXEC) */
+	EV_EXIT = 5,   /* a holder's last thread exited */
+	EV_RESYNC = 6, /* fds changed in bulk (dup2/dup3/close_range/SCM_RIGHTS): reconcile */
+};
+
+struct event {
+	__u64 ts; /* CLOCK_MONOTONIC ns */
+	__u64 cgroup_id;
+	__u32 type;
+	__u32 pid;
+	__u32 tgid;
+	__u32 ppid;
+	__s32 fd;
+	__s32 gpu;
+	char comm[16];
+};
+
+#endif

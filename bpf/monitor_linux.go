@@ -1,0 +1,264 @@
+package bpf
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/cilium/ebpf/ringbuf"
+	"github.com/cilium/ebpf/rlimit"
+	"golang.org/x/sys/unix"
+)
+
+// ErrClosed is returned by ReadEvent after Close.
+var ErrClosed = errors.New("bpf: monitor closed")
+
+// Options configure Load.
+type Options struct {
+	// CgroupRoot is the cgroup v2 mount point the gate is attached to.
+	CgroupRoot string
+	// RingBytes overrides the ring buffer size (a power of two multiple of
+	// the page size); 0 keeps the compiled-in 4 MiB.
+	RingBytes uint32
+}
+
+// Monitor is the set of loaded and attached programs.
+type Monitor struct {
+	objs  gpudObjects
+	links []link.Link
+	rd    *ringbuf.Reader
+}
+
+// Load loads gpud's programs into the kernel and attaches them: the
+// tracepoint observers and the cgroup/dev program at opts.CgroupRoot.
+// Nothing is reported until SetGPUs names the GPU device numbers.
+func Load(opts Options) (*Monitor, error) {
+	if opts.CgroupRoot == "" {
+		return nil, errors.New("bpf: no cgroup v2 root given")
+	}
+	if err := rlimit.RemoveMemlock(); err != nil {
+		return nil, fmt.Errorf("bpf: removing memlock limit: %w", err)
+	}
+	if err := ensureTracefs(); err != nil {
+		return nil, err
+	}
+	spec, err := loadGpud()
+	if err != nil {
+		return nil, fmt.Errorf("bpf: reading compiled programs: %w", err)
+	}
+	if opts.RingBytes != 0 {
+		spec.Maps["events"].MaxEntries = opts.RingBytes
+	}
+	m := &Monitor{}
+	if err := spec.LoadAndAssign(&m.objs, nil); err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			return nil, fmt.Errorf("bpf: loading programs: %+v", ve)
+		}
+		return nil, fmt.Errorf("bpf: loading programs: %w", err)
+	}
+	if err := m.attach(opts.CgroupRoot); err != nil {
+		m.Close()
+		return nil, err
+	}
+	m.rd, err = ringbuf.NewReader(m.objs.Events)
+	if err != nil {
+		m.Close()
+		return nil, fmt.Errorf("bpf: opening ring buffer: %w", err)
+	}
+	return m, nil
+}
+
+func (m *Monitor) attach(cgroupRoot string) error {
+	p := &m.objs.gpudPrograms
+	tps := []struct {
+		name string
+		prog *ebpf.Program
+	}{
+		{"sys_exit_openat", p.ExitOpenat},
+		{"sys_exit_open", p.ExitOpen},
+		{"sys_exit_openat2", p.ExitOpenat2},
+		{"sys_exit_dup", p.ExitDup},
+		{"sys_exit_dup2", p.ExitDup2},
+		{"sys_exit_dup3", p.ExitDup3},
+		{"sys_exit_fcntl", p.ExitFcntl},
+		{"sys_exit_pidfd_getfd", p.ExitPidfdGetfd},
+		{"sys_exit_close_range", p.ExitCloseRange},
+		{"sys_enter_close", p.EnterClose},
+		{"sys_enter_sendmsg", p.EnterSendmsg},
+		{"sys_enter_recvmsg", p.EnterRecvmsg},
+		{"sys_exit_recvmsg", p.ExitRecvmsg},
+	}
+	for _, tp := range tps {
+		l, err := link.Tracepoint("syscalls", tp.name, tp.prog, nil)
+		if err != nil {
+			if tp.name == "sys_exit_open" && errors.Is(err, os.ErrNotExist) {
+				continue // arm64 has no open(2)
+			}
+			return fmt.Errorf("bpf: attaching tracepoint syscalls/%s: %w", tp.name, err)
+		}
+		m.links = append(m.links, l)
+	}
+	for _, prog := range []*ebpf.Program{p.OnFork, p.OnExec, p.OnExit} {
+		l, err := link.AttachTracing(link.TracingOptions{Program: prog})
+		if err != nil {
+			return fmt.Errorf("bpf: attaching %s: %w", prog, err)
+		}
+		m.links = append(m.links, l)
+	}
+	l, err := link.AttachCgroup(link.CgroupOptions{
+		Path: cgroupRoot, Attach: ebpf.AttachCGroupDevice, Program: p.GpudGate,
+	})
+	if err != nil {
+		return fmt.Errorf("bpf: attaching the device gate at %s: %w", cgroupRoot, err)
+	}
+	m.links = append(m.links, l)
+	return nil
+}
+
+// ensureTracefs mounts tracefs when it is not mounted: classic tracepoints
+// are found by their id under events/.
+func ensureTracefs() error {
+	for _, dir := range []string{"/sys/kernel/tracing", "/sys/kernel/debug/tracing"} {
+		if _, err := os.Stat(dir + "/events/syscalls"); err == nil {
+			return nil
+		}
+	}
+	if err := unix.Mount("tracefs", "/sys/kernel/tracing", "tracefs", 0, ""); err != nil {
+		return fmt.Errorf("bpf: mounting tracefs at /sys/kernel/tracing: %w", err)
+	}
+	return nil
+}
+
+// KernelDev encodes a device number as the kernel's dev_t (20-bit minor).
+func KernelDev(major, minor uint32) uint32 { return major<<20 | minor }
+
+// SetGPUs replaces the set of tracked GPU device numbers: kernel dev_t
+// (see KernelDev) to GPU index.
+func (m *Monitor) SetGPUs(devs map[uint32]uint32) error {
+	var stale []uint32
+	var k, v uint32
+	it := m.objs.GpuDevs.Iterate()
+	for it.Next(&k, &v) {
+		if _, ok := devs[k]; !ok {
+			stale = append(stale, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("bpf: reading GPU devices: %w", err)
+	}
+	for _, k := range stale {
+		if err := m.objs.GpuDevs.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("bpf: removing GPU device %#x: %w", k, err)
+		}
+	}
+	for k, v := range devs {
+		if err := m.objs.GpuDevs.Put(k, v); err != nil {
+			return fmt.Errorf("bpf: adding GPU device %#x: %w", k, err)
+		}
+	}
+	return nil
+}
+
+// SetMonitoring flips the kernel switch (patent claim 2).
+func (m *Monitor) SetMonitoring(on bool) error {
+	var v uint32
+	if on {
+		v = 1
+	}
+	if err := m.objs.Monitoring.Set(v); err != nil {
+		return fmt.Errorf("bpf: setting monitoring switch: %w", err)
+	}
+	return nil
+}
+
+// Monitoring reports the kernel switch.
+func (m *Monitor) Monitoring() (bool, error) {
+	var v uint32
+	if err := m.objs.Monitoring.Get(&v); err != nil {
+		return false, fmt.Errorf("bpf: reading monitoring switch: %w", err)
+	}
+	return v != 0, nil
+}
+
+// Register tells the kernel side who its consumer is (patent claim 3): that
+// process (and its cgroup, unless it is 0) is exempt from observation, and
+// the heartbeat starts.
+func (m *Monitor) Register(tgid uint32, cgroupID uint64) error {
+	if err := m.objs.ConsumerTgid.Set(tgid); err != nil {
+		return fmt.Errorf("bpf: registering consumer: %w", err)
+	}
+	if err := m.objs.ConsumerCgroup.Set(cgroupID); err != nil {
+		return fmt.Errorf("bpf: registering consumer cgroup: %w", err)
+	}
+	return m.Heartbeat()
+}
+
+// Heartbeat records that the consumer is alive now.
+func (m *Monitor) Heartbeat() error {
+	if err := m.objs.HeartbeatNs.Set(MonotonicNow()); err != nil {
+		return fmt.Errorf("bpf: heartbeat: %w", err)
+	}
+	return nil
+}
+
+// Dropped returns how many events the kernel could not queue so far.
+func (m *Monitor) Dropped() (uint64, error) {
+	var v uint64
+	if err := m.objs.Dropped.Get(&v); err != nil {
+		return 0, fmt.Errorf("bpf: reading drop counter: %w", err)
+	}
+	return v, nil
+}
+
+// PendingMarks returns how many GPU opens the gate marked that no openat exit
+// has consumed yet (stale marks are consumed at the task's exit).
+func (m *Monitor) PendingMarks() (uint64, error) {
+	var v uint64
+	if err := m.objs.PendingMarks.Get(&v); err != nil {
+		return 0, fmt.Errorf("bpf: reading pending marks: %w", err)
+	}
+	return v, nil
+}
+
+// ReadEvent blocks until an event is available, or until the deadline set
+// by SetDeadline passes (os.ErrDeadlineExceeded), or Close (ErrClosed).
+func (m *Monitor) ReadEvent(rec *ringbuf.Record, ev *Event) error {
+	if err := m.rd.ReadInto(rec); err != nil {
+		if errors.Is(err, ringbuf.ErrClosed) {
+			return ErrClosed
+		}
+		return err
+	}
+	return DecodeEvent(rec.RawSample, ev)
+}
+
+// SetDeadline bounds the next ReadEvent calls; the zero time removes it.
+func (m *Monitor) SetDeadline(t time.Time) { m.rd.SetDeadline(t) }
+
+// Pending returns the number of unread bytes in the ring buffer.
+func (m *Monitor) Pending() int { return m.rd.AvailableBytes() }
+
+// Close detaches and unloads everything.
+func (m *Monitor) Close() error {
+	var errs []error
+	if m.rd != nil {
+		errs = append(errs, m.rd.Close())
+	}
+	for _, l := range m.links {
+		errs = append(errs, l.Close())
+	}
+	m.links = nil
+	errs = append(errs, m.objs.Close())
+	return errors.Join(errs...)
+}
+
+// MonotonicNow returns CLOCK_MONOTONIC in ns, the clock of Event.Mono.
+func MonotonicNow() uint64 {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return uint64(ts.Nano())
+}

@@ -1,0 +1,85 @@
+package cgroups
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+func TestV2RootFrom(t *testing.T) {
+	hybrid := `25 1 0:23 / /sys/fs/cgroup rw - tmpfs tmpfs rw
+26 25 0:24 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu
+35 25 0:33 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw
+`
+	pure := `30 1 0:26 / /sys/fs/cgroup rw,nosuid shared:4 - cgroup2 cgroup2 rw,nsdelegate
+`
+	for _, tc := range []struct {
+		in   string
+		root string
+		mode Mode
+		err  error
+	}{
+		{hybrid, "/sys/fs/cgroup/unified", Hybrid, nil},
+		{pure, "/sys/fs/cgroup", Unified, nil},
+		{"26 25 0:24 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n", "", "", ErrNoV2},
+		{"garbage\n\n - \n", "", "", ErrNoV2},
+	} {
+		root, mode, err := v2RootFrom(strings.NewReader(tc.in))
+		if !errors.Is(err, tc.err) || root != tc.root || mode != tc.mode {
+			t.Errorf("v2RootFrom = %q %q %v, want %q %q %v", root, mode, err, tc.root, tc.mode, tc.err)
+		}
+	}
+}
+
+const id = "3f1c2d4e5b6a7980a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718"
+
+func TestParse(t *testing.T) {
+	for _, tc := range []struct {
+		name, in         string
+		v2, cid, rt, pod string
+	}{
+		{"host", "0::/\n", "/", "", "", ""},
+		{"docker v2 systemd", "0::/system.slice/docker-" + id + ".scope\n", "/system.slice/docker-" + id + ".scope", id, "docker", ""},
+		{"docker v1 hybrid", "4:memory:/docker/" + id + "\n1:cpu:/docker/" + id + "\n0::/\n", "/", id, "docker", ""},
+		{"kubepods systemd", "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1a2b3c4d_0000_1111_2222_333344445555.slice/cri-containerd-" + id + ".scope\n",
+			"/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1a2b3c4d_0000_1111_2222_333344445555.slice/cri-containerd-" + id + ".scope",
+			id, "containerd", "1a2b3c4d-0000-1111-2222-333344445555"},
+		{"kubepods cgroupfs", "0::/kubepods/burstable/pod1a2b3c4d-0000-1111-2222-333344445555/" + id + "\n",
+			"/kubepods/burstable/pod1a2b3c4d-0000-1111-2222-333344445555/" + id, id, "", "1a2b3c4d-0000-1111-2222-333344445555"},
+		{"guaranteed pod slice", "0::/kubepods.slice/kubepods-pod1a2b3c4d_0000_1111_2222_333344445555.slice/crio-" + id + ".scope\n",
+			"/kubepods.slice/kubepods-pod1a2b3c4d_0000_1111_2222_333344445555.slice/crio-" + id + ".scope", id, "crio", "1a2b3c4d-0000-1111-2222-333344445555"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			info, err := Parse(tc.in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := Info{V2Path: tc.v2, ContainerID: tc.cid, Runtime: tc.rt, PodUID: tc.pod}
+			if info != want {
+				t.Errorf("Parse = %+v, want %+v", info, want)
+			}
+		})
+	}
+}
+
+func TestParseRejectsGarbage(t *testing.T) {
+	for _, in := range []string{"", "\n", "nonsense", "0:x", "1:cpu:relative"} {
+		if _, err := Parse(in); !errors.Is(err, ErrBadCgroupFile) {
+			t.Errorf("Parse(%q) err = %v, want ErrBadCgroupFile", in, err)
+		}
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	f.Add("0::/kubepods/burstable/pod1a2b3c4d-0000-1111-2222-333344445555/" + id + "\n")
+	f.Add("4:memory:/docker/" + id + "\n0::/\n")
+	f.Fuzz(func(t *testing.T, in string) {
+		info, err := Parse(in)
+		if err != nil {
+			return
+		}
+		if info.ContainerID != "" && len(info.ContainerID) != 64 {
+			t.Fatalf("container id %q", info.ContainerID)
+		}
+	})
+}
