@@ -7,4 +7,6 @@ require (
 	golang.org/x/sys v0.49.0
 )
 
+require github.com/NVIDIA/go-nvml v0.13.0-1 // indirect
+
 tool github.com/cilium/ebpf/cmd/bpf2go

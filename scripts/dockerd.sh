@@ -21,6 +21,11 @@ STOP_TIMEOUT=20
 
 die() { echo "dockerd.sh: $*" >&2; exit 1; }
 
+# The last lines the engine logged since the latest start.
+log_tail() {
+	awk '/^=== .* dockerd.sh start$/ { n = 0 } { l[n++] = $0 } END { for (i = (n > 30 ? n - 30 : 0); i < n; i++) print l[i] }' "$LOG" >&2
+}
+
 answers() {
 	command -v docker >/dev/null 2>&1 || return 1
 	timeout 5 docker -H "unix://$SOCK" info >/dev/null 2>&1
@@ -35,13 +40,16 @@ alive() {
 	[[ ${stat:0:1} != Z ]]
 }
 
+# alive and named $2 (guards against pid reuse).
+running() { alive "$1" && [[ $(cat "/proc/$1/comm" 2>/dev/null) == "$2" ]]; }
+
 # The pid of the engine we started, if it still runs (empty otherwise).
 our_pid() {
 	[[ -f $MARKER ]] || return 0
 	local pid=""
 	[[ -s $PIDFILE ]] && pid=$(<"$PIDFILE")
 	alive "$pid" || pid=$(<"$MARKER")
-	if alive "$pid" && [[ $(cat "/proc/$pid/comm" 2>/dev/null) == dockerd ]]; then
+	if running "$pid" dockerd; then
 		echo "$pid"
 	fi
 }
@@ -62,12 +70,13 @@ start() {
 	# dockerd and its managed containerd trust their pid files if kill(pid, 0)
 	# succeeds, which it does for an unreaped zombie (PID 1 of some sandboxes
 	# reaps slowly): drop pid files whose process is dead.
-	local f
-	for f in "$PIDFILE" "$EXEC_ROOT/containerd/containerd.pid"; do
-		if [[ -e $f ]] && ! alive "$(cat "$f" 2>/dev/null)"; then
-			rm -f "$f"
-		fi
-	done
+	if [[ -e $PIDFILE ]] && ! running "$(cat "$PIDFILE" 2>/dev/null)" dockerd; then
+		rm -f "$PIDFILE"
+	fi
+	local cpidfile=$EXEC_ROOT/containerd/containerd.pid
+	if [[ -e $cpidfile ]] && ! running "$(cat "$cpidfile" 2>/dev/null)" containerd; then
+		rm -f "$cpidfile"
+	fi
 
 	mkdir -p "$DATA_ROOT" "$EXEC_ROOT"
 	echo "=== $(date -Is) dockerd.sh start" >>"$LOG"
@@ -82,19 +91,20 @@ start() {
 		--exec-root "$EXEC_ROOT" \
 		</dev/null >>"$LOG" 2>&1 &
 	local pid=$!
+	disown "$pid" # no "Killed" job notice if we have to SIGKILL it
 	echo "$pid" >"$MARKER"
 
 	local deadline=$((SECONDS + START_TIMEOUT))
 	until answers; do
 		if ! alive "$pid"; then
 			echo "dockerd.sh: dockerd exited during start; last log lines:" >&2
-			tail -n 30 "$LOG" >&2
+			log_tail
 			rm -f "$MARKER"
 			exit 1
 		fi
 		if ((SECONDS >= deadline)); then
 			echo "dockerd.sh: dockerd did not answer within ${START_TIMEOUT}s; last log lines:" >&2
-			tail -n 30 "$LOG" >&2
+			log_tail
 			stop
 			exit 1
 		fi
@@ -135,14 +145,23 @@ stop() {
 	# SIGKILL (or a crash) it can be left behind.
 	local cpid=""
 	[[ -s $EXEC_ROOT/containerd/containerd.pid ]] && cpid=$(<"$EXEC_ROOT/containerd/containerd.pid")
-	if alive "$cpid" && [[ $(cat "/proc/$cpid/comm" 2>/dev/null) == containerd ]]; then
+	if running "$cpid" containerd; then
 		kill -TERM "$cpid" 2>/dev/null || true
 		local deadline=$((SECONDS + STOP_TIMEOUT))
 		while alive "$cpid" && ((SECONDS < deadline)); do sleep 0.2; done
 		alive "$cpid" && kill -KILL "$cpid" 2>/dev/null || true
 	fi
 	# See start: a zombie must not pass for a running containerd.
-	alive "$cpid" || rm -f "$EXEC_ROOT/containerd/containerd.pid"
+	rm -f "$EXEC_ROOT/containerd/containerd.pid"
+	# dockerd bind-mounts its data root onto itself (to make it shared) and
+	# undoes that on a clean shutdown only; after a crash the mount stays,
+	# and the next dockerd would then never unmount it.
+	if [[ -e $EXEC_ROOT/unmount-on-shutdown ]]; then
+		if mountpoint -q "$DATA_ROOT" 2>/dev/null; then
+			umount "$DATA_ROOT" 2>/dev/null || umount -l "$DATA_ROOT" 2>/dev/null || true
+		fi
+		rm -f "$EXEC_ROOT/unmount-on-shutdown"
+	fi
 	# Our engine is gone; a socket nobody answers on is stale.
 	if [[ -S $SOCK ]] && ! answers; then
 		rm -f "$SOCK"
@@ -165,7 +184,11 @@ status() {
 		echo "not answering (started by scripts/dockerd.sh, pid $pid; see $LOG)"
 		return 1
 	fi
-	echo "stopped"
+	if [[ -f $MARKER ]]; then
+		echo "stopped (an engine started by scripts/dockerd.sh died; see $LOG)"
+	else
+		echo "stopped"
+	fi
 	return 3
 }
 

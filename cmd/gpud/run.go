@@ -1,0 +1,97 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/gpud/gpud/internal/daemon"
+)
+
+func newFlagSet(name string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard) // errors are reported once, by exitCode
+	return fs
+}
+
+// parse parses args, turning flag errors into one-line usage errors.
+func parse(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fs.SetOutput(os.Stdout)
+			fs.PrintDefaults()
+			os.Exit(0)
+		}
+		return usagef("%s: %v", fs.Name(), err)
+	}
+	if fs.NArg() > 0 {
+		return usagef("%s: unexpected argument %q", fs.Name(), fs.Arg(0))
+	}
+	return nil
+}
+
+func defaultNode() string {
+	if n := os.Getenv("NODE_NAME"); n != "" {
+		return n
+	}
+	h, _ := os.Hostname()
+	return h
+}
+
+func cmdRun(args []string) error {
+	fs := newFlagSet("run")
+	var cfg daemon.Config
+	var logLevel, nvmlMode string
+	fs.StringVar(&cfg.DevDir, "dev-dir", "/dev", "directory holding the nvidiaN device nodes")
+	fs.StringVar(&cfg.StateFile, "state-file", "/run/gpud/state.json", "state file (JSON, rewritten atomically on every change)")
+	fs.StringVar(&cfg.StateDir, "state-dir", "/var/lib/gpud", "durable data (journal, settings)")
+	fs.StringVar(&cfg.ControlSocket, "control-socket", "/run/gpud/gpud.sock", "control API socket (empty disables)")
+	fs.DurationVar(&cfg.IdleAfter, "idle-after", 5*time.Minute, "a held GPU with no activity for this long is idle")
+	fs.DurationVar(&cfg.ResyncInterval, "resync-interval", time.Minute, "safety-net reconciliation from /proc (0 disables)")
+	fs.StringVar(&cfg.NodeName, "node-name", defaultNode(), "node name in the state file (default $NODE_NAME or the hostname)")
+	fs.StringVar(&cfg.CgroupRoot, "cgroup-root", "", "cgroup v2 mount point (default: detected)")
+	fs.StringVar(&nvmlMode, "nvml", "auto", "use NVML for UUIDs and utilization: auto|off")
+	fs.StringVar(&logLevel, "log-level", "info", "debug|info|warn|error")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(logLevel)); err != nil {
+		return usagef("run: --log-level %q: want debug, info, warn or error", logLevel)
+	}
+	switch nvmlMode {
+	case "auto":
+		cfg.UseNVML = true
+	case "off":
+	default:
+		return usagef("run: --nvml %q: want auto or off", nvmlMode)
+	}
+	if cfg.IdleAfter <= 0 {
+		return usagef("run: --idle-after must be positive, got %s", cfg.IdleAfter)
+	}
+	if cfg.ResyncInterval < 0 {
+		return usagef("run: --resync-interval must not be negative")
+	}
+	if strings.TrimSpace(cfg.StateFile) == "" {
+		return usagef("run: --state-file is empty")
+	}
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+
+	d, err := daemon.New(cfg, log)
+	if err != nil {
+		if errors.Is(err, daemon.ErrConfig) {
+			return usagef("run: %v", strings.TrimPrefix(err.Error(), "config: "))
+		}
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	return d.Run(ctx)
+}

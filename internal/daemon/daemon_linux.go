@@ -1,0 +1,270 @@
+// Package daemon wires gpud's parts together for `gpud run`: the kernel
+// programs, the tracker and ledger, the state file writer, the control
+// socket and the periodic work (heartbeat, idle detection, NVML, resync).
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/gpud/gpud/bpf"
+	"github.com/gpud/gpud/internal/cgroups"
+	"github.com/gpud/gpud/internal/occupancy"
+)
+
+// Config is everything `gpud run` is told.
+type Config struct {
+	DevDir         string
+	StateFile      string
+	StateDir       string
+	ControlSocket  string
+	IdleAfter      time.Duration
+	ResyncInterval time.Duration // safety-net full /proc reconciliation; 0 disables
+	NodeName       string
+	CgroupRoot     string // "" detects
+	ProcRoot       string
+	UseNVML        bool
+	// NVML overrides the library (tests inject go-nvml's mock).
+	NVML nvml.Interface
+}
+
+// Daemon is a running gpud.
+type Daemon struct {
+	cfg        Config
+	log        *slog.Logger
+	mon        *bpf.Monitor
+	ledger     *occupancy.Ledger
+	tracker    *occupancy.Tracker
+	writer     *occupancy.Writer
+	nvml       *occupancy.NVML
+	monitoring atomic.Bool
+	gpus       []occupancy.GPU
+	ready      atomic.Bool
+	mu         sync.Mutex // serialises switch changes
+}
+
+// ErrConfig marks errors in what gpud was told (exit status 2).
+var ErrConfig = errors.New("config")
+
+// New discovers GPUs, loads and attaches the kernel programs and reconciles
+// the ledger with /proc. Run starts the work.
+func New(cfg Config, log *slog.Logger) (*Daemon, error) {
+	gpus, err := occupancy.DiscoverGPUs(cfg.DevDir)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	d := &Daemon{cfg: cfg, log: log, gpus: gpus}
+	d.monitoring.Store(true)
+	if prev, err := occupancy.ReadStateFile(cfg.StateFile); err == nil {
+		d.monitoring.Store(prev.Monitoring)
+	} else if !errors.Is(err, os.ErrNotExist) {
+		// A damaged file is set aside and rebuilt from the kernel and /proc.
+		aside := cfg.StateFile + ".corrupt"
+		_ = os.Rename(cfg.StateFile, aside)
+		log.Warn("state file unreadable; rebuilding it from the kernel and /proc",
+			"path", cfg.StateFile, "moved_to", aside, "error", err)
+	}
+
+	if cfg.UseNVML || cfg.NVML != nil {
+		lib := cfg.NVML
+		if lib == nil {
+			lib = nvml.New()
+		}
+		n := &occupancy.NVML{Lib: lib}
+		if err := n.Init(); err != nil {
+			log.Warn("NVML unavailable: activity is GPU opens only", "error", err)
+		} else {
+			d.nvml = n
+			if unknown := n.Annotate(d.gpus); len(unknown) > 0 {
+				log.Warn("device nodes NVML does not know", "gpus", unknown)
+			}
+		}
+	}
+
+	root := cfg.CgroupRoot
+	mode := cgroups.Mode("given")
+	if root == "" {
+		if root, mode, err = cgroups.V2Root(); err != nil {
+			return nil, err
+		}
+	}
+	d.mon, err = bpf.Load(bpf.Options{CgroupRoot: root})
+	if err != nil {
+		return nil, err
+	}
+	devs := map[uint32]uint32{}
+	for _, g := range gpus {
+		devs[bpf.KernelDev(g.Major, g.Minor)] = uint32(g.Index)
+	}
+	if err := d.mon.SetGPUs(devs); err != nil {
+		d.mon.Close()
+		return nil, err
+	}
+	if err := d.mon.SetMonitoring(d.monitoring.Load()); err != nil {
+		d.mon.Close()
+		return nil, err
+	}
+	// Registration (claim 3): gpud's own opens (NVML) are exempt; its cgroup
+	// too unless it is the root, which would exempt the whole host.
+	selfCgroup := uint64(0)
+	if info, err := cgroups.ReadProc(os.Getpid()); err == nil && info.V2Path != "/" && info.V2Path != "" {
+		if id, err := cgroups.ID(filepath.Join(root, info.V2Path)); err == nil {
+			selfCgroup = id
+		}
+	}
+	if err := d.mon.Register(uint32(os.Getpid()), selfCgroup); err != nil {
+		d.mon.Close()
+		return nil, err
+	}
+
+	d.ledger = occupancy.NewLedger(gpus, cfg.IdleAfter)
+	procRoot := cfg.ProcRoot
+	if procRoot == "" {
+		procRoot = "/proc"
+	}
+	d.tracker = &occupancy.Tracker{
+		Ledger: d.ledger, Log: log,
+		Proc: &occupancy.ProcFS{Root: procRoot, CgroupRoot: root, Devs: occupancy.Devs(gpus), Self: os.Getpid()},
+	}
+	d.writer = &occupancy.Writer{
+		Path: cfg.StateFile, Node: cfg.NodeName, Ledger: d.ledger, Log: log,
+		Monitoring: d.monitoring.Load,
+	}
+	d.ledger.OnChange(d.writer.Kick)
+	// Attached first, scanned second: whatever changes during the scan is
+	// also in the ring buffer, and applying it again is idempotent.
+	if err := d.tracker.Resync(); err != nil {
+		d.mon.Close()
+		return nil, err
+	}
+	log.Info("gpud started", "gpus", len(gpus), "cgroup_root", root, "cgroup_mode", mode,
+		"monitoring", d.monitoring.Load(), "nvml", d.nvml != nil, "holders", len(d.ledger.FDTable()))
+	return d, nil
+}
+
+// Ledger exposes the ledger (tests and benchmarks).
+func (d *Daemon) Ledger() *occupancy.Ledger { return d.ledger }
+
+// Tracker exposes the tracker (tests and benchmarks).
+func (d *Daemon) Tracker() *occupancy.Tracker { return d.tracker }
+
+// Writer exposes the state file writer (tests and benchmarks).
+func (d *Daemon) Writer() *occupancy.Writer { return d.writer }
+
+// Monitor exposes the kernel side (tests and benchmarks).
+func (d *Daemon) Monitor() *bpf.Monitor { return d.mon }
+
+// Ready reports whether the first reconciliation is done and events flow.
+func (d *Daemon) Ready() bool { return d.ready.Load() }
+
+// SetMonitoring flips the switch of patent claim 2 on the running daemon.
+// Turning it back on reconciles from /proc, since nothing was observed
+// while it was off.
+func (d *Daemon) SetMonitoring(on bool) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.mon.SetMonitoring(on); err != nil {
+		return err
+	}
+	was := d.monitoring.Swap(on)
+	if on && !was {
+		if err := d.tracker.Resync(); err != nil {
+			return err
+		}
+	}
+	d.log.Info("monitoring switched", "monitoring", on)
+	d.writer.Kick()
+	return nil
+}
+
+// Monitoring reports the switch.
+func (d *Daemon) Monitoring() bool { return d.monitoring.Load() }
+
+// Run works until ctx ends, then detaches everything.
+func (d *Daemon) Run(ctx context.Context) error {
+	defer d.mon.Close()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); d.writer.Run(ctx) }()
+
+	var ctl *controlServer
+	if d.cfg.ControlSocket != "" {
+		var err error
+		ctl, err = d.serveControl(d.cfg.ControlSocket)
+		if err != nil {
+			cancel()
+			wg.Wait()
+			return err
+		}
+		defer ctl.Close()
+	}
+
+	errc := make(chan error, 1)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		errc <- d.tracker.Run(ctx, d.mon)
+	}()
+	wg.Add(1)
+	go func() { defer wg.Done(); d.periodic(ctx) }()
+	d.ready.Store(true)
+
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+		if err != nil {
+			err = fmt.Errorf("reading kernel events: %w", err)
+		}
+	}
+	cancel()
+	wg.Wait()
+	d.log.Info("gpud stopped")
+	return err
+}
+
+// periodic runs the heartbeat, idle detection, NVML sampling and the safety
+// resync.
+func (d *Daemon) periodic(ctx context.Context) {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	lastResync := time.Now()
+	nvmlFailing := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-tick.C:
+			if err := d.mon.Heartbeat(); err != nil {
+				d.log.Error("heartbeat", "error", err)
+			}
+			if d.nvml != nil && d.monitoring.Load() {
+				act, err := d.nvml.Sample()
+				if err != nil && !nvmlFailing {
+					d.log.Warn("NVML sampling failing: activity falls back to GPU opens", "error", err)
+				}
+				nvmlFailing = err != nil
+				for gpu, at := range act {
+					d.ledger.Activity(gpu, at)
+				}
+			}
+			d.ledger.Refresh(now)
+			if d.cfg.ResyncInterval > 0 && now.Sub(lastResync) >= d.cfg.ResyncInterval && d.monitoring.Load() {
+				lastResync = now
+				if err := d.tracker.Resync(); err != nil {
+					d.log.Error("periodic resync", "error", err)
+				}
+			}
+		}
+	}
+}

@@ -1,0 +1,431 @@
+package occupancy
+
+import (
+	"maps"
+	"slices"
+	"sync"
+	"time"
+)
+
+// Priority is a holder's class. Until a classifier is configured every
+// holder is Unclassified.
+type Priority string
+
+const (
+	High         Priority = "high"
+	Low          Priority = "low"
+	Unmanaged    Priority = "unmanaged"
+	Unclassified Priority = "unclassified"
+)
+
+// State is a GPU's occupancy state.
+type State string
+
+const (
+	Free State = "free" // no holder
+	Busy State = "busy" // holders, active within idle-after
+	Idle State = "idle" // holders, no activity for idle-after
+	Lent State = "lent" // lent to a borrower through the device plugin
+)
+
+// GPU is one physical GPU as gpud tracks it.
+type GPU struct {
+	Index        int
+	UUID         string // from NVML, "" without it
+	Device       string // device node path, e.g. /dev/nvidia0
+	Major, Minor uint32
+}
+
+// ProcInfo identifies a process that holds GPU fds.
+type ProcInfo struct {
+	PID         int    // tgid
+	StartTime   uint64 // clock ticks since boot (/proc/<pid>/stat field 22): tells PID reuse apart
+	Comm        string
+	CgroupID    uint64
+	ContainerID string
+	PodUID      string
+	Priority    Priority
+}
+
+// ProcFDs is one process's GPU fds, as read from /proc or known from events.
+type ProcFDs struct {
+	Info ProcInfo
+	FDs  map[int][]int32 // GPU index → fds
+}
+
+type hold struct {
+	fds      map[int32]struct{}
+	openedAt time.Time
+}
+
+type proc struct {
+	info  ProcInfo
+	holds map[int]*hold // GPU index → its fds in this process
+}
+
+type gpuEntry struct {
+	GPU
+	lastActive time.Time
+	state      State // as last published
+}
+
+// Ledger is the GPU → holders record. It is safe for concurrent use; every
+// change bumps Version and calls the change hook.
+type Ledger struct {
+	mu        sync.Mutex
+	idleAfter time.Duration
+	gpus      map[int]*gpuEntry
+	procs     map[int]*proc
+	version   uint64
+	onChange  func()
+}
+
+// NewLedger returns an empty ledger of gpus.
+func NewLedger(gpus []GPU, idleAfter time.Duration) *Ledger {
+	l := &Ledger{idleAfter: idleAfter, gpus: map[int]*gpuEntry{}, procs: map[int]*proc{}}
+	for _, g := range gpus {
+		l.gpus[g.Index] = &gpuEntry{GPU: g, state: Free}
+	}
+	return l
+}
+
+// OnChange sets the hook called (without the ledger's lock) after a change.
+func (l *Ledger) OnChange(f func()) {
+	l.mu.Lock()
+	l.onChange = f
+	l.mu.Unlock()
+}
+
+// SetIdleAfter changes the idle threshold.
+func (l *Ledger) SetIdleAfter(d time.Duration) {
+	l.mu.Lock()
+	l.idleAfter = d
+	l.mu.Unlock()
+	l.Refresh(time.Now())
+}
+
+// changed must be called with mu held; it returns the hook to call after unlock.
+func (l *Ledger) changed() func() {
+	l.version++
+	if l.onChange == nil {
+		return func() {}
+	}
+	return l.onChange
+}
+
+// Version counts the changes so far.
+func (l *Ledger) Version() uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.version
+}
+
+// Has reports whether pid is a holder, with its identity.
+func (l *Ledger) Has(pid int) (ProcInfo, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	p, ok := l.procs[pid]
+	if !ok {
+		return ProcInfo{}, false
+	}
+	return p.info, true
+}
+
+// AddFD records that info's process has fd open on gpu since at. An open is
+// activity on the GPU.
+func (l *Ledger) AddFD(info ProcInfo, gpu int, fd int32, at time.Time) {
+	l.mu.Lock()
+	g, ok := l.gpus[gpu]
+	if !ok {
+		l.mu.Unlock()
+		return
+	}
+	p := l.procFor(info)
+	h := p.holds[gpu]
+	if h == nil {
+		h = &hold{fds: map[int32]struct{}{}, openedAt: at}
+		p.holds[gpu] = h
+	}
+	h.fds[fd] = struct{}{}
+	if at.After(g.lastActive) {
+		g.lastActive = at
+	}
+	l.publishLocked(at)
+	hook := l.changed()
+	l.mu.Unlock()
+	hook()
+}
+
+// procFor returns the process record for info, replacing one of a previous
+// process that had the same PID.
+func (l *Ledger) procFor(info ProcInfo) *proc {
+	p := l.procs[info.PID]
+	if p != nil && info.StartTime != 0 && p.info.StartTime != 0 && p.info.StartTime != info.StartTime {
+		p = nil // PID reused: the old process is gone
+	}
+	if p == nil {
+		p = &proc{info: info, holds: map[int]*hold{}}
+		l.procs[info.PID] = p
+	}
+	return p
+}
+
+// RemoveFD records that pid closed fd on gpu.
+func (l *Ledger) RemoveFD(pid, gpu int, fd int32) {
+	l.mu.Lock()
+	p := l.procs[pid]
+	if p == nil || p.holds[gpu] == nil {
+		l.mu.Unlock()
+		return
+	}
+	h := p.holds[gpu]
+	if _, ok := h.fds[fd]; !ok {
+		l.mu.Unlock()
+		return
+	}
+	delete(h.fds, fd)
+	if len(h.fds) == 0 {
+		delete(p.holds, gpu)
+	}
+	if len(p.holds) == 0 {
+		delete(l.procs, pid)
+	}
+	l.publishLocked(time.Now())
+	hook := l.changed()
+	l.mu.Unlock()
+	hook()
+}
+
+// RemoveProcess drops every fd of pid (the process exited).
+func (l *Ledger) RemoveProcess(pid int) {
+	l.mu.Lock()
+	if _, ok := l.procs[pid]; !ok {
+		l.mu.Unlock()
+		return
+	}
+	delete(l.procs, pid)
+	l.publishLocked(time.Now())
+	hook := l.changed()
+	l.mu.Unlock()
+	hook()
+}
+
+// SetProcess replaces what the ledger knows of one process with pf (read
+// from /proc). Fds that were already known keep their opened_at.
+func (l *Ledger) SetProcess(pf ProcFDs, at time.Time) {
+	l.mu.Lock()
+	if l.setProcessLocked(pf, at) {
+		l.publishLocked(at)
+		hook := l.changed()
+		l.mu.Unlock()
+		hook()
+		return
+	}
+	l.mu.Unlock()
+}
+
+func (l *Ledger) setProcessLocked(pf ProcFDs, at time.Time) bool {
+	old := l.procs[pf.Info.PID]
+	if old != nil && pf.Info.StartTime != 0 && old.info.StartTime != 0 && old.info.StartTime != pf.Info.StartTime {
+		old = nil
+	}
+	holds := map[int]*hold{}
+	for gpu, fds := range pf.FDs {
+		g, ok := l.gpus[gpu]
+		if !ok || len(fds) == 0 {
+			continue
+		}
+		h := &hold{fds: map[int32]struct{}{}, openedAt: at}
+		if old != nil && old.holds[gpu] != nil {
+			h.openedAt = old.holds[gpu].openedAt
+		} else if g.lastActive.IsZero() {
+			// First sight of a holder on this GPU: count it as active now,
+			// since nothing is known of its past.
+			g.lastActive = at
+		}
+		for _, fd := range fds {
+			h.fds[fd] = struct{}{}
+		}
+		holds[gpu] = h
+	}
+	if old != nil && sameHolds(old.holds, holds) && old.info == pf.Info {
+		return false
+	}
+	if len(holds) == 0 {
+		if _, ok := l.procs[pf.Info.PID]; !ok {
+			return false
+		}
+		delete(l.procs, pf.Info.PID)
+		return true
+	}
+	info := pf.Info
+	if old != nil && info.Comm == "" {
+		info.Comm = old.info.Comm
+	}
+	l.procs[pf.Info.PID] = &proc{info: info, holds: holds}
+	return true
+}
+
+func sameHolds(a, b map[int]*hold) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for gpu, ha := range a {
+		hb := b[gpu]
+		if hb == nil || !maps.Equal(ha.fds, hb.fds) {
+			return false
+		}
+	}
+	return true
+}
+
+// ReplaceAll makes the ledger equal to a full scan: every process not in
+// procs is dropped.
+func (l *Ledger) ReplaceAll(procs []ProcFDs, at time.Time) {
+	l.mu.Lock()
+	changed := false
+	seen := map[int]bool{}
+	for _, pf := range procs {
+		seen[pf.Info.PID] = true
+		if l.setProcessLocked(pf, at) {
+			changed = true
+		}
+	}
+	for pid := range l.procs {
+		if !seen[pid] {
+			delete(l.procs, pid)
+			changed = true
+		}
+	}
+	if !changed {
+		l.mu.Unlock()
+		return
+	}
+	l.publishLocked(at)
+	hook := l.changed()
+	l.mu.Unlock()
+	hook()
+}
+
+// Activity records use of gpu at the given time (an NVML utilization sample).
+func (l *Ledger) Activity(gpu int, at time.Time) {
+	l.mu.Lock()
+	g, ok := l.gpus[gpu]
+	if !ok || !at.After(g.lastActive) {
+		l.mu.Unlock()
+		return
+	}
+	g.lastActive = at
+	if !l.publishLocked(at) {
+		l.mu.Unlock()
+		return
+	}
+	hook := l.changed()
+	l.mu.Unlock()
+	hook()
+}
+
+// Refresh re-derives states that change with time alone (busy → idle) and
+// reports a change if any did.
+func (l *Ledger) Refresh(now time.Time) {
+	l.mu.Lock()
+	if !l.publishLocked(now) {
+		l.mu.Unlock()
+		return
+	}
+	hook := l.changed()
+	l.mu.Unlock()
+	hook()
+}
+
+// publishLocked recomputes every GPU's state and reports whether one changed.
+func (l *Ledger) publishLocked(now time.Time) bool {
+	changed := false
+	for idx, g := range l.gpus {
+		s := l.stateLocked(idx, g, now)
+		if s != g.state {
+			g.state = s
+			changed = true
+		}
+	}
+	return changed
+}
+
+func (l *Ledger) stateLocked(idx int, g *gpuEntry, now time.Time) State {
+	held := false
+	for _, p := range l.procs {
+		if p.holds[idx] != nil {
+			held = true
+			break
+		}
+	}
+	switch {
+	case !held:
+		return Free
+	case now.Sub(g.lastActive) >= l.idleAfter:
+		return Idle
+	default:
+		return Busy
+	}
+}
+
+// HolderView is one holder of one GPU in a snapshot.
+type HolderView struct {
+	ProcInfo
+	FDs      []int32
+	OpenedAt time.Time
+}
+
+// GPUView is one GPU in a snapshot.
+type GPUView struct {
+	GPU
+	State      State
+	LastActive time.Time
+	Holders    []HolderView // by PID
+}
+
+// Snapshot is a consistent copy of the ledger.
+type Snapshot struct {
+	Version uint64
+	Taken   time.Time
+	GPUs    []GPUView // by index
+}
+
+// Snapshot copies the ledger as of now.
+func (l *Ledger) Snapshot(now time.Time) Snapshot {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s := Snapshot{Version: l.version, Taken: now}
+	for _, idx := range slices.Sorted(maps.Keys(l.gpus)) {
+		g := l.gpus[idx]
+		v := GPUView{GPU: g.GPU, State: l.stateLocked(idx, g, now), LastActive: g.lastActive}
+		for _, pid := range slices.Sorted(maps.Keys(l.procs)) {
+			p := l.procs[pid]
+			h := p.holds[idx]
+			if h == nil {
+				continue
+			}
+			v.Holders = append(v.Holders, HolderView{
+				ProcInfo: p.info, FDs: slices.Sorted(maps.Keys(h.fds)), OpenedAt: h.openedAt,
+			})
+		}
+		s.GPUs = append(s.GPUs, v)
+	}
+	return s
+}
+
+// FDTable returns pid → GPU → sorted fds: the form /proc ground truth is
+// compared in.
+func (l *Ledger) FDTable() map[int]map[int][]int32 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := map[int]map[int][]int32{}
+	for pid, p := range l.procs {
+		m := map[int][]int32{}
+		for gpu, h := range p.holds {
+			m[gpu] = slices.Sorted(maps.Keys(h.fds))
+		}
+		out[pid] = m
+	}
+	return out
+}

@@ -1,0 +1,158 @@
+package occupancy
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/gpud/gpud/internal/cgroups"
+	"golang.org/x/sys/unix"
+)
+
+// ErrNoProcess is returned when a process is gone.
+var ErrNoProcess = errors.New("occupancy: no such process")
+
+// DevIndex maps a GPU's device number (unix.Mkdev) to its index.
+type DevIndex map[uint64]int
+
+// ProcFS reads GPU fds and process identity from a procfs mount.
+type ProcFS struct {
+	Root       string // usually /proc
+	CgroupRoot string // cgroup v2 mount, to turn a v2 path into a cgroup id
+	Devs       DevIndex
+	Self       int // gpud's own pid: its NVML opens are not holders
+}
+
+// GPUFDs returns pid's GPU fds by GPU index.
+func (p *ProcFS) GPUFDs(pid int) (map[int][]int32, error) {
+	dir := filepath.Join(p.Root, strconv.Itoa(pid), "fd")
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ESRCH) {
+			return nil, fmt.Errorf("%w: %d", ErrNoProcess, pid)
+		}
+		return nil, fmt.Errorf("occupancy: reading %s: %w", dir, err)
+	}
+	out := map[int][]int32{}
+	for _, e := range ents {
+		fd, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		link := filepath.Join(dir, e.Name())
+		target, err := os.Readlink(link)
+		if err != nil {
+			continue // closed meanwhile
+		}
+		// Only device files can be GPUs; skip sockets, pipes, anon inodes
+		// without touching them.
+		if strings.HasPrefix(target, "socket:") || strings.HasPrefix(target, "pipe:") ||
+			strings.HasPrefix(target, "anon_inode:") || strings.HasPrefix(target, "[") {
+			continue
+		}
+		var st unix.Stat_t
+		if err := unix.Stat(link, &st); err != nil {
+			continue
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFCHR {
+			continue
+		}
+		if gpu, ok := p.Devs[st.Rdev]; ok {
+			out[gpu] = append(out[gpu], int32(fd))
+		}
+	}
+	return out, nil
+}
+
+// Info reads pid's identity: start time, comm, cgroup, container and pod.
+func (p *ProcFS) Info(pid int) (ProcInfo, error) {
+	info := ProcInfo{PID: pid, Priority: Unclassified}
+	base := filepath.Join(p.Root, strconv.Itoa(pid))
+	stat, err := os.ReadFile(filepath.Join(base, "stat"))
+	if err != nil {
+		return info, fmt.Errorf("%w: %d: %v", ErrNoProcess, pid, err)
+	}
+	comm, start, err := parseStat(string(stat))
+	if err != nil {
+		return info, fmt.Errorf("occupancy: /proc/%d/stat: %w", pid, err)
+	}
+	info.Comm, info.StartTime = comm, start
+	cg, err := os.ReadFile(filepath.Join(base, "cgroup"))
+	if err != nil {
+		return info, fmt.Errorf("%w: %d: %v", ErrNoProcess, pid, err)
+	}
+	ci, err := cgroups.Parse(string(cg))
+	if err != nil {
+		return info, err
+	}
+	info.ContainerID, info.PodUID = ci.ContainerID, ci.PodUID
+	if p.CgroupRoot != "" && ci.V2Path != "" {
+		if id, err := cgroups.ID(filepath.Join(p.CgroupRoot, ci.V2Path)); err == nil {
+			info.CgroupID = id
+		}
+	}
+	return info, nil
+}
+
+// parseStat returns comm and starttime (field 22) of a /proc/<pid>/stat line.
+// comm may hold spaces and parentheses, so fields are counted after the last ')'.
+func parseStat(s string) (string, uint64, error) {
+	open := strings.IndexByte(s, '(')
+	closing := strings.LastIndexByte(s, ')')
+	if open < 0 || closing < open {
+		return "", 0, errors.New("no comm field")
+	}
+	rest := strings.Fields(s[closing+1:])
+	// rest[0] is field 3 (state); starttime is field 22.
+	if len(rest) < 20 {
+		return "", 0, errors.New("too few fields")
+	}
+	start, err := strconv.ParseUint(rest[19], 10, 64)
+	if err != nil {
+		return "", 0, fmt.Errorf("starttime: %w", err)
+	}
+	return s[open+1 : closing], start, nil
+}
+
+// Scan reads one process: its identity and GPU fds.
+func (p *ProcFS) Scan(pid int) (ProcFDs, error) {
+	fds, err := p.GPUFDs(pid)
+	if err != nil {
+		return ProcFDs{}, err
+	}
+	pf := ProcFDs{Info: ProcInfo{PID: pid, Priority: Unclassified}, FDs: fds}
+	if len(fds) == 0 {
+		return pf, nil
+	}
+	info, err := p.Info(pid)
+	if err != nil && errors.Is(err, ErrNoProcess) {
+		return ProcFDs{}, err
+	}
+	pf.Info = info
+	return pf, nil
+}
+
+// ScanAll reads every process that holds a GPU fd: the ground truth.
+func (p *ProcFS) ScanAll() ([]ProcFDs, error) {
+	ents, err := os.ReadDir(p.Root)
+	if err != nil {
+		return nil, fmt.Errorf("occupancy: reading %s: %w", p.Root, err)
+	}
+	var out []ProcFDs
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || !e.IsDir() || pid == p.Self {
+			continue
+		}
+		pf, err := p.Scan(pid)
+		if err != nil || len(pf.FDs) == 0 {
+			continue // gone, or holds nothing
+		}
+		out = append(out, pf)
+	}
+	return out, nil
+}

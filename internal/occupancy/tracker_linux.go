@@ -1,0 +1,172 @@
+package occupancy
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"github.com/cilium/ebpf/ringbuf"
+	"github.com/gpud/gpud/bpf"
+)
+
+// EventSource is the kernel side as the tracker sees it (a *bpf.Monitor).
+type EventSource interface {
+	ReadEvent(*ringbuf.Record, *bpf.Event) error
+	SetDeadline(time.Time)
+	Pending() int
+	Dropped() (uint64, error)
+}
+
+// Tracker applies kernel events to the ledger, reconciling from /proc what
+// the events cannot say (fork, exec, dup2, close_range, SCM_RIGHTS) and
+// everything after lost events.
+type Tracker struct {
+	Ledger *Ledger
+	Proc   *ProcFS
+	Log    *slog.Logger
+	// Classify, when set, fills in a new holder's priority.
+	Classify func(*ProcInfo)
+	// Applied, when set, is called after each event is applied (benchmarks).
+	Applied func(*bpf.Event)
+
+	Events  atomic.Uint64 // events applied
+	Drops   atomic.Uint64 // events the kernel lost
+	Resyncs atomic.Uint64 // full reconciliations
+
+	monoOffset int64 // wall ns - monotonic ns
+	lastDrops  uint64
+}
+
+// Wall converts a CLOCK_MONOTONIC timestamp to wall-clock time.
+func (t *Tracker) Wall(mono uint64) time.Time {
+	if t.monoOffset == 0 {
+		t.monoOffset = time.Now().UnixNano() - int64(bpf.MonotonicNow())
+	}
+	return time.Unix(0, int64(mono)+t.monoOffset)
+}
+
+func (t *Tracker) logger() *slog.Logger {
+	if t.Log == nil {
+		return slog.Default()
+	}
+	return t.Log
+}
+
+// Handle applies one event.
+func (t *Tracker) Handle(ev *bpf.Event) {
+	at := t.Wall(ev.Mono)
+	pid := int(ev.TGID)
+	switch ev.Type {
+	case bpf.EventOpen:
+		info, ok := t.Ledger.Has(pid)
+		if !ok {
+			info = t.identify(pid, ev)
+		}
+		t.Ledger.AddFD(info, int(ev.GPU), ev.FD, at)
+	case bpf.EventClose:
+		t.Ledger.RemoveFD(pid, int(ev.GPU), ev.FD)
+	case bpf.EventExit:
+		t.Ledger.RemoveProcess(pid)
+	case bpf.EventFork, bpf.EventExec, bpf.EventResync:
+		t.reconcile(pid, at)
+	}
+	t.Events.Add(1)
+	if t.Applied != nil {
+		t.Applied(ev)
+	}
+}
+
+// identify reads a new holder's identity; when the process is already gone
+// the event's own fields stand in (its exit event follows).
+func (t *Tracker) identify(pid int, ev *bpf.Event) ProcInfo {
+	info, err := t.Proc.Info(pid)
+	if err != nil {
+		info = ProcInfo{PID: pid, Comm: ev.Comm, Priority: Unclassified}
+	}
+	if info.CgroupID == 0 {
+		info.CgroupID = ev.CgroupID
+	}
+	if t.Classify != nil {
+		t.Classify(&info)
+	}
+	return info
+}
+
+func (t *Tracker) reconcile(pid int, at time.Time) {
+	pf, err := t.Proc.Scan(pid)
+	if err != nil {
+		if errors.Is(err, ErrNoProcess) {
+			t.Ledger.RemoveProcess(pid)
+			return
+		}
+		t.logger().Warn("reconciling process", "pid", pid, "error", err)
+		return
+	}
+	if t.Classify != nil && len(pf.FDs) > 0 {
+		t.Classify(&pf.Info)
+	}
+	t.Ledger.SetProcess(pf, at)
+}
+
+// Resync makes the ledger equal to /proc: every process's GPU fds.
+func (t *Tracker) Resync() error {
+	procs, err := t.Proc.ScanAll()
+	if err != nil {
+		return err
+	}
+	if t.Classify != nil {
+		for i := range procs {
+			t.Classify(&procs[i].Info)
+		}
+	}
+	t.Ledger.ReplaceAll(procs, time.Now())
+	t.Resyncs.Add(1)
+	return nil
+}
+
+// checkDrops resyncs when the kernel lost events since the last check.
+func (t *Tracker) checkDrops(src EventSource) {
+	n, err := src.Dropped()
+	if err != nil || n == t.lastDrops {
+		return
+	}
+	lost := n - t.lastDrops
+	t.lastDrops = n
+	t.Drops.Add(lost)
+	t.logger().Warn("kernel dropped events, resyncing from /proc", "dropped", lost)
+	if err := t.Resync(); err != nil {
+		t.logger().Error("resync", "error", err)
+	}
+}
+
+// Run reads events until ctx ends. Lost events are detected whenever the
+// ring buffer has been drained, and answered with a full resync.
+func (t *Tracker) Run(ctx context.Context, src EventSource) error {
+	if n, err := src.Dropped(); err == nil {
+		t.lastDrops = n
+	}
+	var rec ringbuf.Record
+	var ev bpf.Event
+	for ctx.Err() == nil {
+		src.SetDeadline(time.Now().Add(time.Second))
+		err := src.ReadEvent(&rec, &ev)
+		switch {
+		case err == nil:
+			t.Handle(&ev)
+		case errors.Is(err, os.ErrDeadlineExceeded):
+		case errors.Is(err, bpf.ErrClosed):
+			return nil
+		case errors.Is(err, bpf.ErrShortEvent), errors.Is(err, bpf.ErrBadEvent):
+			t.logger().Error("malformed kernel event", "error", err)
+		default:
+			return err
+		}
+		if src.Pending() == 0 {
+			t.checkDrops(src)
+		}
+	}
+	return nil
+}
