@@ -205,6 +205,16 @@ func (m *Monitor) Heartbeat() error {
 	return nil
 }
 
+// WatchProcess makes the kernel side follow a process found by reading
+// /proc rather than by an event (its closes, forks, execs and exit are
+// filtered by this map). The entry goes when the process exits.
+func (m *Monitor) WatchProcess(tgid uint32) error {
+	if err := m.objs.Holders.Put(tgid, uint32(1)); err != nil {
+		return fmt.Errorf("bpf: watching process %d: %w", tgid, err)
+	}
+	return nil
+}
+
 // Dropped returns how many events the kernel could not queue so far.
 func (m *Monitor) Dropped() (uint64, error) {
 	var v uint64

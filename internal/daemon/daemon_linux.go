@@ -132,7 +132,8 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	}
 	d.tracker = &occupancy.Tracker{
 		Ledger: d.ledger, Log: log,
-		Proc: &occupancy.ProcFS{Root: procRoot, CgroupRoot: root, Devs: occupancy.Devs(gpus), Self: os.Getpid()},
+		Proc:  &occupancy.ProcFS{Root: procRoot, CgroupRoot: root, Devs: occupancy.Devs(gpus), Self: os.Getpid()},
+		Watch: func(pid int) error { return d.mon.WatchProcess(uint32(pid)) },
 	}
 	d.writer = &occupancy.Writer{
 		Path: cfg.StateFile, Node: cfg.NodeName, Ledger: d.ledger, Log: log,

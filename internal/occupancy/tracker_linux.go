@@ -29,6 +29,10 @@ type Tracker struct {
 	Log    *slog.Logger
 	// Classify, when set, fills in a new holder's priority.
 	Classify func(*ProcInfo)
+	// Watch, when set, makes the kernel side follow a process found in /proc
+	// (bpf.Monitor.WatchProcess); without it, its closes and exit would be
+	// filtered out.
+	Watch func(pid int) error
 	// Applied, when set, is called after each event is applied (benchmarks).
 	Applied func(*bpf.Event)
 
@@ -116,6 +120,22 @@ func (t *Tracker) Resync() error {
 	procs, err := t.Proc.ScanAll()
 	if err != nil {
 		return err
+	}
+	if t.Watch != nil {
+		// Watched first, read again second: whatever the process does after
+		// the second read is seen by the kernel side.
+		kept := procs[:0]
+		for _, pf := range procs {
+			if err := t.Watch(pf.Info.PID); err != nil {
+				t.logger().Warn("watching process", "pid", pf.Info.PID, "error", err)
+			}
+			again, err := t.Proc.Scan(pf.Info.PID)
+			if err != nil || len(again.FDs) == 0 {
+				continue // gone, or closed everything, meanwhile
+			}
+			kept = append(kept, again)
+		}
+		procs = kept
 	}
 	if t.Classify != nil {
 		for i := range procs {

@@ -1,0 +1,404 @@
+package daemon_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gpud/gpud/internal/daemon"
+	"github.com/gpud/gpud/internal/occupancy"
+	"github.com/gpud/gpud/internal/testutil"
+)
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+type env struct {
+	t     *testing.T
+	dir   string
+	gpus  []testutil.FakeGPU
+	cfg   daemon.Config
+	d     *daemon.Daemon
+	logs  *syncBuffer
+	truth *occupancy.ProcFS
+}
+
+// newEnv makes fake GPUs and a config; start() starts the daemon.
+func newEnv(t *testing.T) *env {
+	devDir, gpus := testutil.MakeFakeGPUs(t, 2)
+	dir := t.TempDir()
+	e := &env{t: t, dir: dir, gpus: gpus, logs: &syncBuffer{}}
+	e.cfg = daemon.Config{
+		DevDir: devDir, StateFile: filepath.Join(dir, "state.json"), StateDir: dir,
+		IdleAfter: time.Minute, NodeName: "test-node",
+	}
+	devs := occupancy.DevIndex{}
+	discovered, err := occupancy.DiscoverGPUs(devDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	devs = occupancy.Devs(discovered)
+	e.truth = &occupancy.ProcFS{Root: "/proc", Devs: devs, Self: os.Getpid()}
+	return e
+}
+
+func (e *env) start() {
+	e.t.Helper()
+	log := slog.New(slog.NewJSONHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	d, err := daemon.New(e.cfg, log)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.d = d
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	e.t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			e.t.Errorf("daemon: %v", err)
+		}
+	})
+}
+
+type table = map[int]map[int][]int32
+
+func (e *env) groundTruth() table {
+	procs, err := e.truth.ScanAll()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	out := table{}
+	for _, p := range procs {
+		m := map[int][]int32{}
+		for gpu, fds := range p.FDs {
+			m[gpu] = slices.Sorted(slices.Values(fds))
+		}
+		out[p.Info.PID] = m
+	}
+	return out
+}
+
+// settle waits until the ledger equals the /proc ground truth and check
+// accepts it, and fails the test with both tables otherwise.
+func (e *env) settle(what string, check func(table) error) {
+	e.t.Helper()
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		ledger, truth := e.d.Ledger().FDTable(), e.groundTruth()
+		err := check(truth)
+		if err == nil && !reflect.DeepEqual(ledger, truth) {
+			err = fmt.Errorf("ledger differs from /proc")
+		}
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("%s: %v\nledger: %v\n/proc:  %v", what, err, ledger, truth)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// holds is a check: pid holds exactly fds on gpu (nil fds: holds nothing on gpu).
+func holds(pid, gpu int, fds ...int32) func(table) error {
+	return func(tb table) error {
+		got := tb[pid][gpu]
+		fds = slices.Sorted(slices.Values(fds))
+		if len(fds) == 0 && len(got) == 0 {
+			return nil
+		}
+		if !slices.Equal(got, fds) {
+			return fmt.Errorf("pid %d on GPU %d: fds %v, want %v", pid, gpu, got, fds)
+		}
+		return nil
+	}
+}
+
+func all(checks ...func(table) error) func(table) error {
+	return func(tb table) error {
+		for _, c := range checks {
+			if err := c(tb); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+func TestStartupFindsExistingHolder(t *testing.T) {
+	e := newEnv(t)
+	h := startHelper(t)
+	fd := int32(h.doInt("open %s", e.gpus[1].Path))
+	e.start()
+	// Found by the start-up reconciliation, before any event.
+	if got := e.d.Ledger().FDTable()[h.pid()][1]; !slices.Equal(got, []int32{fd}) {
+		t.Fatalf("holder that predates gpud: ledger has %v, want fd %d", got, fd)
+	}
+	e.settle("pre-existing holder", holds(h.pid(), 1, fd))
+	waitStateFile(t, e.cfg.StateFile, func(f *occupancy.StateFile) bool {
+		return len(f.GPUs) == 2 && len(f.GPUs[1].Holders) == 1 && f.GPUs[1].Holders[0].PID == h.pid() &&
+			f.GPUs[1].State == occupancy.Busy && f.GPUs[0].State == occupancy.Free
+	})
+}
+
+func waitStateFile(t *testing.T, path string, ok func(*occupancy.StateFile) bool) *occupancy.StateFile {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		f, err := occupancy.ReadStateFile(path)
+		if err == nil && ok(f) {
+			return f
+		}
+		if time.Now().After(deadline) {
+			b, _ := os.ReadFile(path)
+			t.Fatalf("state file never matched (last error %v):\n%s", err, b)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestFDLifecycle(t *testing.T) {
+	e := newEnv(t)
+	e.start()
+	g0, g1 := e.gpus[0].Path, e.gpus[1].Path
+
+	h := startHelper(t)
+	fd := int32(h.doInt("open %s", g0))
+	e.settle("open", holds(h.pid(), 0, fd))
+
+	dup := int32(h.doInt("dup %d", fd))
+	e.settle("dup", holds(h.pid(), 0, fd, dup))
+
+	dupfd := int32(h.doInt("dupfd %d", fd)) // fcntl(F_DUPFD, 100)
+	e.settle("fcntl F_DUPFD", holds(h.pid(), 0, fd, dup, dupfd))
+
+	h.do("dup2 %d 200", fd)
+	h.do("dup3 %d 201", fd)
+	e.settle("dup2/dup3", holds(h.pid(), 0, fd, dup, dupfd, 200, 201))
+
+	h.do("closerange 100 201")
+	e.settle("close_range", holds(h.pid(), 0, fd, dup))
+
+	// dup2 over a GPU fd closes it implicitly.
+	other := int32(h.doInt("open %s", g1))
+	h.do("dup2 %d %d", other, dup)
+	e.settle("dup2 over a GPU fd", all(holds(h.pid(), 0, fd), holds(h.pid(), 1, other, dup)))
+
+	h.do("close %d", dup)
+	h.do("close %d", other)
+	h.do("close %d", fd)
+	e.settle("close", func(tb table) error {
+		if _, ok := tb[h.pid()]; ok {
+			return fmt.Errorf("pid %d still holds %v", h.pid(), tb[h.pid()])
+		}
+		return nil
+	})
+}
+
+func TestForkExecExit(t *testing.T) {
+	e := newEnv(t)
+	e.start()
+	g0, g1 := e.gpus[0].Path, e.gpus[1].Path
+
+	parent := startHelper(t)
+	fd := parent.doInt("open %s cloexec", g0) // passed on only as the child's fd 3
+	// The child inherits the fd as its fd 3 (fork, then exec of the helper).
+	child := parent.doInt("spawn %d", fd)
+	e.settle("fork inheritance", all(holds(parent.pid(), 0, int32(fd)), holds(child, 0, 3)))
+
+	parent.do("close %d", fd)
+	e.settle("parent closes, child keeps", all(holds(parent.pid(), 0), holds(child, 0, 3)))
+
+	// exec: the O_CLOEXEC fd goes, the other stays.
+	h := startHelper(t)
+	cloexec := h.doInt("open %s cloexec", g0)
+	keep := h.doInt("open %s", g1)
+	e.settle("before exec", all(holds(h.pid(), 0, int32(cloexec)), holds(h.pid(), 1, int32(keep))))
+	h.send("exec")
+	e.settle("exec", all(holds(h.pid(), 0), holds(h.pid(), 1, int32(keep))))
+	waitStateFile(t, e.cfg.StateFile, func(f *occupancy.StateFile) bool {
+		for _, hd := range f.GPUs[1].Holders {
+			if hd.PID == h.pid() {
+				return hd.Comm == "sleep"
+			}
+		}
+		return false
+	})
+
+	// exit: killing the process drops it.
+	h.cmd.Process.Kill()
+	h.cmd.Wait()
+	e.settle("exit", holds(h.pid(), 1))
+
+	// A pure fork (no exec): a bash subshell inherits fd 3.
+	sh := exec.Command("bash", "-c", fmt.Sprintf(`exec 3<>%s; (read -t 30 <> <(:)) & echo $!; wait`, g1))
+	out, err := sh.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sh.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sh.Process.Kill(); sh.Wait() })
+	var sub int
+	if _, err := fmt.Fscan(out, &sub); err != nil {
+		t.Fatal(err)
+	}
+	e.settle("pure fork", all(holds(sh.Process.Pid, 1, 3), holds(sub, 1, 3)))
+}
+
+func TestFDPassing(t *testing.T) {
+	e := newEnv(t)
+	e.start()
+	h := startHelper(t)
+	fd := h.doInt("open %s cloexec", e.gpus[0].Path) // not inherited by the receiver
+	e.settle("open", holds(h.pid(), 0, int32(fd)))
+
+	// SCM_RIGHTS to a process that held nothing.
+	recv := h.doInt("sendfd %d", fd)
+	e.settle("SCM_RIGHTS", func(tb table) error {
+		if len(tb[recv][0]) != 1 {
+			return fmt.Errorf("receiver %d holds %v", recv, tb[recv])
+		}
+		return nil
+	})
+
+	// pidfd_getfd from a third process.
+	thief := startHelper(t)
+	got := thief.doInt("getfd %d %d", h.pid(), fd)
+	e.settle("pidfd_getfd", holds(thief.pid(), 0, int32(got)))
+}
+
+func TestContainerHolder(t *testing.T) {
+	e := newEnv(t)
+	if out, err := exec.Command("docker", "info", "--format", "{{.ServerVersion}}").CombinedOutput(); err != nil {
+		testutil.Skip(t, fmt.Sprintf("no Docker engine (make test starts one): %v %s", err, out))
+	}
+	e.start()
+	out, err := exec.Command("docker", "run", "-d", "--rm", "--network", "none",
+		"--device", e.gpus[1].Path+":/dev/nvidia0", "gpud-test-busybox:latest",
+		"sh", "-c", "exec 3<>/dev/nvidia0; exec sleep 600").CombinedOutput()
+	if err != nil {
+		t.Fatalf("docker run: %v %s", err, out)
+	}
+	id := strings.TrimSpace(string(out))
+	t.Cleanup(func() { exec.Command("docker", "rm", "-f", id).Run() })
+	pidOut, err := exec.Command("docker", "inspect", "-f", "{{.State.Pid}}", id).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pid int
+	fmt.Sscan(string(pidOut), &pid)
+	e.settle("container open", holds(pid, 1, 3))
+	f := waitStateFile(t, e.cfg.StateFile, func(f *occupancy.StateFile) bool { return len(f.GPUs[1].Holders) > 0 })
+	var found bool
+	for _, hd := range f.GPUs[1].Holders {
+		if hd.PID == pid {
+			found = true
+			if hd.ContainerID != id {
+				t.Errorf("container id %q, want %q", hd.ContainerID, id)
+			}
+			if hd.CgroupID == 0 || hd.Comm != "sleep" || hd.Priority != occupancy.Unclassified {
+				t.Errorf("holder identity: %+v", hd)
+			}
+		}
+	}
+	if !found {
+		t.Fatalf("container process %d not in state file: %+v", pid, f.GPUs[1])
+	}
+	if err := exec.Command("docker", "rm", "-f", id).Run(); err != nil {
+		t.Fatal(err)
+	}
+	e.settle("container removed", holds(pid, 1))
+}
+
+func TestGarbageStateFileRebuilt(t *testing.T) {
+	for name, content := range map[string]string{
+		"truncated": `{"version": 1, "node": "x", "gpus": [{"index": 0, "sta`,
+		"garbage":   "\x00\xff not json at all",
+		"version":   `{"version": 99, "gpus": []}`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			e := newEnv(t)
+			if err := os.WriteFile(e.cfg.StateFile, []byte(content), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			h := startHelper(t)
+			fd := h.doInt("open %s", e.gpus[0].Path)
+			e.start()
+			if !strings.Contains(e.logs.String(), "state file unreadable") {
+				t.Errorf("no warning about the state file in the log:\n%s", e.logs.String())
+			}
+			waitStateFile(t, e.cfg.StateFile, func(f *occupancy.StateFile) bool {
+				return len(f.GPUs[0].Holders) == 1 && f.GPUs[0].Holders[0].PID == h.pid()
+			})
+			if b, err := os.ReadFile(e.cfg.StateFile + ".corrupt"); err != nil || string(b) != content {
+				t.Errorf("damaged file not kept aside: %v", err)
+			}
+			e.settle("rebuilt", holds(h.pid(), 0, int32(fd)))
+		})
+	}
+}
+
+func TestMonitoringSwitch(t *testing.T) {
+	e := newEnv(t)
+	e.start()
+	if err := e.d.SetMonitoring(false); err != nil {
+		t.Fatal(err)
+	}
+	waitStateFile(t, e.cfg.StateFile, func(f *occupancy.StateFile) bool { return !f.Monitoring })
+	h := startHelper(t)
+	fd := h.doInt("open %s", e.gpus[0].Path)
+	time.Sleep(100 * time.Millisecond)
+	if got := e.d.Ledger().FDTable(); len(got[h.pid()]) != 0 {
+		t.Fatalf("ledger changed while monitoring was off: %v", got)
+	}
+	if err := e.d.SetMonitoring(true); err != nil {
+		t.Fatal(err)
+	}
+	e.settle("switched back on", holds(h.pid(), 0, int32(fd)))
+	waitStateFile(t, e.cfg.StateFile, func(f *occupancy.StateFile) bool { return f.Monitoring })
+	h.do("close %d", fd)
+	e.settle("events flow again", holds(h.pid(), 0))
+}
+
+func TestIdleAfter(t *testing.T) {
+	e := newEnv(t)
+	e.cfg.IdleAfter = 1500 * time.Millisecond
+	e.start()
+	h := startHelper(t)
+	h.doInt("open %s", e.gpus[0].Path)
+	waitStateFile(t, e.cfg.StateFile, func(f *occupancy.StateFile) bool { return f.GPUs[0].State == occupancy.Busy })
+	f := waitStateFile(t, e.cfg.StateFile, func(f *occupancy.StateFile) bool { return f.GPUs[0].State == occupancy.Idle })
+	if f.GPUs[0].IdleSince == nil {
+		t.Fatal("idle GPU without idle_since")
+	}
+	// A new open is activity: busy again.
+	h.doInt("open %s", e.gpus[0].Path)
+	waitStateFile(t, e.cfg.StateFile, func(f *occupancy.StateFile) bool { return f.GPUs[0].State == occupancy.Busy })
+}

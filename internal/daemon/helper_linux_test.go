@@ -1,0 +1,203 @@
+package daemon_test
+
+// A helper process for the integration tests: the test binary re-executed
+// with GPUD_HELPER=1 reads commands on stdin and answers one line each, so
+// tests can drive exact syscalls (open, dup3, close_range, SCM_RIGHTS, ...)
+// in a process that is not the (exempt) test process itself.
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv("GPUD_HELPER") == "1" {
+		runHelper()
+		return
+	}
+	os.Exit(m.Run())
+}
+
+func runHelper() {
+	// An fd to receive on, passed by a parent's "sendfd".
+	if os.Getenv("GPUD_HELPER_RECV") == "1" {
+		fd := recvFD(3)
+		unix.Close(3)
+		fmt.Println(fd)
+	}
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		f := strings.Fields(in.Text())
+		if len(f) == 0 {
+			continue
+		}
+		res, err := helperCmd(f)
+		if err != nil {
+			fmt.Println("err", err)
+			continue
+		}
+		fmt.Println(res)
+	}
+	// Without commands (a spawned child), stay alive holding what was
+	// inherited until killed; Pdeathsig ends it with its parent.
+	time.Sleep(time.Hour)
+}
+
+func atoi(s string) int { n, _ := strconv.Atoi(s); return n }
+
+func helperCmd(f []string) (string, error) {
+	switch f[0] {
+	case "open": // open PATH [cloexec]
+		flags := unix.O_RDWR
+		if len(f) > 2 && f[2] == "cloexec" {
+			flags |= unix.O_CLOEXEC
+		}
+		fd, err := unix.Open(f[1], flags, 0)
+		return strconv.Itoa(fd), err
+	case "close":
+		return "ok", unix.Close(atoi(f[1]))
+	case "dup":
+		fd, err := unix.Dup(atoi(f[1]))
+		return strconv.Itoa(fd), err
+	case "dup2":
+		return "ok", unix.Dup2(atoi(f[1]), atoi(f[2]))
+	case "dup3":
+		return "ok", unix.Dup3(atoi(f[1]), atoi(f[2]), 0)
+	case "dupfd":
+		fd, err := unix.FcntlInt(uintptr(atoi(f[1])), unix.F_DUPFD, 100)
+		return strconv.Itoa(fd), err
+	case "closerange":
+		return "ok", unix.CloseRange(uint(atoi(f[1])), uint(atoi(f[2])), 0)
+	case "getfd": // getfd PID FD: steal a fd with pidfd_getfd
+		pidfd, err := unix.PidfdOpen(atoi(f[1]), 0)
+		if err != nil {
+			return "", err
+		}
+		defer unix.Close(pidfd)
+		fd, err := unix.PidfdGetfd(pidfd, atoi(f[2]), 0)
+		return strconv.Itoa(fd), err
+	case "spawn": // spawn FD...: a child helper inheriting FDs as 3, 4, ...
+		var files []*os.File
+		for _, s := range f[1:] {
+			files = append(files, os.NewFile(uintptr(atoi(s)), "gpu"))
+		}
+		cmd := helperCommand(files...)
+		if err := cmd.Start(); err != nil {
+			return "", err
+		}
+		return strconv.Itoa(cmd.Process.Pid), nil
+	case "sendfd": // sendfd FD: pass FD to a new child over a unix socket
+		pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return "", err
+		}
+		cmd := helperCommand(os.NewFile(uintptr(pair[1]), "sock"))
+		cmd.Env = append(cmd.Env, "GPUD_HELPER_RECV=1")
+		if err := cmd.Start(); err != nil {
+			return "", err
+		}
+		unix.Close(pair[1])
+		err = unix.Sendmsg(pair[0], []byte{'x'}, unix.UnixRights(atoi(f[1])), nil, 0)
+		unix.Close(pair[0])
+		return strconv.Itoa(cmd.Process.Pid), err
+	case "exec": // replace this process with sleep; non-CLOEXEC fds survive
+		return "", syscall.Exec("/bin/sleep", []string{"sleep", "600"}, os.Environ())
+	case "exit":
+		os.Exit(0)
+	}
+	return "", fmt.Errorf("unknown command %q", f[0])
+}
+
+func recvFD(sock int) int {
+	buf := make([]byte, 1)
+	oob := make([]byte, unix.CmsgSpace(4))
+	_, oobn, _, _, err := unix.Recvmsg(sock, buf, oob, 0)
+	if err != nil {
+		return -1
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+	if err != nil || len(msgs) == 0 {
+		return -1
+	}
+	fds, err := unix.ParseUnixRights(&msgs[0])
+	if err != nil || len(fds) == 0 {
+		return -1
+	}
+	return fds[0]
+}
+
+// helperCommand returns a helper process that dies with its parent.
+func helperCommand(extra ...*os.File) *exec.Cmd {
+	exe, _ := os.Executable()
+	cmd := exec.Command(exe)
+	cmd.Env = append(os.Environ(), "GPUD_HELPER=1")
+	cmd.ExtraFiles = extra
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	return cmd
+}
+
+// helper is a running helper process driven by a test.
+type helper struct {
+	t   *testing.T
+	cmd *exec.Cmd
+	in  io.WriteCloser
+	out *bufio.Scanner
+}
+
+func startHelper(t *testing.T) *helper {
+	t.Helper()
+	cmd := helperCommand()
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	h := &helper{t: t, cmd: cmd, in: stdin, out: bufio.NewScanner(stdout)}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	return h
+}
+
+func (h *helper) pid() int { return h.cmd.Process.Pid }
+
+// do runs one command and returns its answer; an error answer fails the test.
+func (h *helper) do(format string, args ...any) string {
+	h.t.Helper()
+	h.send(format, args...)
+	if !h.out.Scan() {
+		h.t.Fatalf("helper %d: no answer to %q", h.pid(), fmt.Sprintf(format, args...))
+	}
+	ans := h.out.Text()
+	if strings.HasPrefix(ans, "err ") {
+		h.t.Fatalf("helper %d: %q: %s", h.pid(), fmt.Sprintf(format, args...), ans)
+	}
+	return ans
+}
+
+// send sends a command without waiting for an answer (exec, exit).
+func (h *helper) send(format string, args ...any) {
+	fmt.Fprintf(h.in, format+"\n", args...)
+}
+
+func (h *helper) doInt(format string, args ...any) int {
+	h.t.Helper()
+	return atoi(h.do(format, args...))
+}
