@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"unsafe"
 )
 
 // EventType says what happened to a GPU file descriptor.
@@ -51,8 +52,11 @@ type Event struct {
 	Comm     string
 }
 
-// EventSize is the size of a raw event record.
-var EventSize = binary.Size(gpudEvent{})
+// EventSize is the size of a raw event record (struct event in headers/gpud.h).
+const EventSize = 56
+
+// The layout decoded by hand below must stay that of the generated type.
+var _ = [1]struct{}{}[unsafe.Sizeof(gpudEvent{})-EventSize]
 
 // ErrShortEvent and ErrBadEvent are returned by DecodeEvent for records that
 // cannot have come from gpud's programs.
@@ -66,24 +70,22 @@ func DecodeEvent(raw []byte, ev *Event) error {
 	if len(raw) < EventSize {
 		return fmt.Errorf("%w: %d bytes, want %d", ErrShortEvent, len(raw), EventSize)
 	}
-	var r gpudEvent
-	if _, err := binary.Decode(raw[:EventSize], binary.NativeEndian, &r); err != nil {
-		return fmt.Errorf("%w: %w", ErrBadEvent, err)
+	// Decoded by hand: this runs for every event, and reflection-based
+	// binary.Decode costs more than the rest of the event's handling.
+	ne := binary.NativeEndian
+	typ := ne.Uint32(raw[16:])
+	if typ < uint32(EventOpen) || typ > uint32(EventResync) {
+		return fmt.Errorf("%w: unknown type %d", ErrBadEvent, typ)
 	}
-	if r.Type < uint32(EventOpen) || r.Type > uint32(EventResync) {
-		return fmt.Errorf("%w: unknown type %d", ErrBadEvent, r.Type)
-	}
-	var comm [16]byte
-	for i, c := range r.Comm {
-		comm[i] = byte(c)
-	}
-	n := bytes.IndexByte(comm[:], 0)
+	comm := raw[40:56]
+	n := bytes.IndexByte(comm, 0)
 	if n < 0 {
 		n = len(comm)
 	}
 	*ev = Event{
-		Type: EventType(r.Type), Mono: r.Ts, CgroupID: r.CgroupId,
-		PID: r.Pid, TGID: r.Tgid, PPID: r.Ppid, FD: r.Fd, GPU: r.Gpu,
+		Type: EventType(typ), Mono: ne.Uint64(raw[0:]), CgroupID: ne.Uint64(raw[8:]),
+		PID: ne.Uint32(raw[20:]), TGID: ne.Uint32(raw[24:]), PPID: ne.Uint32(raw[28:]),
+		FD: int32(ne.Uint32(raw[32:])), GPU: int32(ne.Uint32(raw[36:])),
 		Comm: string(comm[:n]),
 	}
 	return nil

@@ -32,6 +32,7 @@ type Config struct {
 	CgroupRoot     string // "" detects
 	ProcRoot       string
 	UseNVML        bool
+	RingBytes      uint32 // kernel → user ring buffer size; 0: 4 MiB
 	// NVML overrides the library (tests inject go-nvml's mock).
 	NVML nvml.Interface
 }
@@ -96,7 +97,7 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 			return nil, err
 		}
 	}
-	d.mon, err = bpf.Load(bpf.Options{CgroupRoot: root})
+	d.mon, err = bpf.Load(bpf.Options{CgroupRoot: root, RingBytes: cfg.RingBytes})
 	if err != nil {
 		return nil, err
 	}

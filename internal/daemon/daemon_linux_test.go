@@ -56,13 +56,11 @@ func newEnv(t *testing.T) *env {
 		DevDir: devDir, StateFile: filepath.Join(dir, "state.json"), StateDir: dir,
 		IdleAfter: time.Minute, NodeName: "test-node",
 	}
-	devs := occupancy.DevIndex{}
 	discovered, err := occupancy.DiscoverGPUs(devDir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	devs = occupancy.Devs(discovered)
-	e.truth = &occupancy.ProcFS{Root: "/proc", Devs: devs, Self: os.Getpid()}
+	e.truth = &occupancy.ProcFS{Root: "/proc", Devs: occupancy.Devs(discovered), Self: os.Getpid()}
 	return e
 }
 
@@ -161,9 +159,17 @@ func TestStartupFindsExistingHolder(t *testing.T) {
 	}
 	e.settle("pre-existing holder", holds(h.pid(), 1, fd))
 	waitStateFile(t, e.cfg.StateFile, func(f *occupancy.StateFile) bool {
-		return len(f.GPUs) == 2 && len(f.GPUs[1].Holders) == 1 && f.GPUs[1].Holders[0].PID == h.pid() &&
-			f.GPUs[1].State == occupancy.Busy && f.GPUs[0].State == occupancy.Free
+		return len(f.GPUs) == 2 && holderIn(f.GPUs[1], h.pid()) && f.GPUs[1].State == occupancy.Busy
 	})
+}
+
+func holderIn(g occupancy.StateGPU, pid int) bool {
+	for _, h := range g.Holders {
+		if h.PID == pid {
+			return true
+		}
+	}
+	return false
 }
 
 func waitStateFile(t *testing.T, path string, ok func(*occupancy.StateFile) bool) *occupancy.StateFile {
@@ -355,7 +361,7 @@ func TestGarbageStateFileRebuilt(t *testing.T) {
 				t.Errorf("no warning about the state file in the log:\n%s", e.logs.String())
 			}
 			waitStateFile(t, e.cfg.StateFile, func(f *occupancy.StateFile) bool {
-				return len(f.GPUs[0].Holders) == 1 && f.GPUs[0].Holders[0].PID == h.pid()
+				return holderIn(f.GPUs[0], h.pid())
 			})
 			if b, err := os.ReadFile(e.cfg.StateFile + ".corrupt"); err != nil || string(b) != content {
 				t.Errorf("damaged file not kept aside: %v", err)
@@ -401,4 +407,32 @@ func TestIdleAfter(t *testing.T) {
 	// A new open is activity: busy again.
 	h.doInt("open %s", e.gpus[0].Path)
 	waitStateFile(t, e.cfg.StateFile, func(f *occupancy.StateFile) bool { return f.GPUs[0].State == occupancy.Busy })
+}
+
+// More GPU events than the ring buffer holds: the drops are counted, a full
+// resync follows, and the ledger is right afterwards.
+func TestOverloadDropsResync(t *testing.T) {
+	e := newEnv(t)
+	e.cfg.RingBytes = 4096 // 64 events
+	e.start()
+	steady := startHelper(t)
+	fd := steady.doInt("open %s", e.gpus[1].Path)
+	e.settle("steady holder", holds(steady.pid(), 1, int32(fd)))
+	resyncs := e.d.Tracker().Resyncs.Load()
+
+	gens := []*helper{startHelper(t), startHelper(t)}
+	var wg sync.WaitGroup
+	for _, g := range gens {
+		wg.Add(1)
+		go func() { defer wg.Done(); g.do("churn %s 700", e.gpus[0].Path) }()
+	}
+	wg.Wait()
+	e.settle("after the flood", all(holds(steady.pid(), 1, int32(fd)), holds(gens[0].pid(), 0), holds(gens[1].pid(), 0)))
+	if e.d.Tracker().Drops.Load() == 0 {
+		t.Fatal("a 64-event ring buffer absorbed the flood: the test did not overload it")
+	}
+	if e.d.Tracker().Resyncs.Load() <= resyncs {
+		t.Fatalf("drops (%d) were not followed by a resync", e.d.Tracker().Drops.Load())
+	}
+	t.Logf("dropped %d events, %d resyncs", e.d.Tracker().Drops.Load(), e.d.Tracker().Resyncs.Load()-resyncs)
 }

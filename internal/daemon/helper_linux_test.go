@@ -110,12 +110,36 @@ func helperCmd(f []string) (string, error) {
 		err = unix.Sendmsg(pair[0], []byte{'x'}, unix.UnixRights(atoi(f[1])), nil, 0)
 		unix.Close(pair[0])
 		return strconv.Itoa(cmd.Process.Pid), err
+	case "opentimed": // opentimed PATH: CLOCK_MONOTONIC ns just before the open, and the fd
+		t0 := monoNow()
+		fd, err := unix.Open(f[1], unix.O_RDWR|unix.O_CLOEXEC, 0)
+		return fmt.Sprintf("%d %d", t0, fd), err
+	case "churn": // churn PATH MILLIS: open/close pairs in a loop; prints the count
+		deadline := time.Now().Add(time.Duration(atoi(f[2])) * time.Millisecond)
+		n := 0
+		for time.Now().Before(deadline) {
+			for i := 0; i < 256; i++ {
+				fd, err := unix.Open(f[1], unix.O_RDWR|unix.O_CLOEXEC, 0)
+				if err != nil {
+					return "", err
+				}
+				unix.Close(fd)
+			}
+			n += 256
+		}
+		return strconv.Itoa(n), nil
 	case "exec": // replace this process with sleep; non-CLOEXEC fds survive
 		return "", syscall.Exec("/bin/sleep", []string{"sleep", "600"}, os.Environ())
 	case "exit":
 		os.Exit(0)
 	}
 	return "", fmt.Errorf("unknown command %q", f[0])
+}
+
+func monoNow() uint64 {
+	var ts unix.Timespec
+	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return uint64(ts.Nano())
 }
 
 func recvFD(sock int) int {
@@ -148,13 +172,13 @@ func helperCommand(extra ...*os.File) *exec.Cmd {
 
 // helper is a running helper process driven by a test.
 type helper struct {
-	t   *testing.T
+	t   testing.TB
 	cmd *exec.Cmd
 	in  io.WriteCloser
 	out *bufio.Scanner
 }
 
-func startHelper(t *testing.T) *helper {
+func startHelper(t testing.TB) *helper {
 	t.Helper()
 	cmd := helperCommand()
 	stdin, err := cmd.StdinPipe()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -42,6 +43,13 @@ type Tracker struct {
 
 	monoOffset int64 // wall ns - monotonic ns
 	lastDrops  uint64
+
+	// Identities of processes seen opening a GPU, so that a process that
+	// opens and closes in a loop is read from /proc once. An entry goes with
+	// the process's exit event (the kernel reports the exit of every process
+	// it saw open a GPU) and all go with a resync.
+	idMu  sync.Mutex
+	known map[int]ProcInfo
 }
 
 // Wall converts a CLOCK_MONOTONIC timestamp to wall-clock time.
@@ -67,20 +75,48 @@ func (t *Tracker) Handle(ev *bpf.Event) {
 	case bpf.EventOpen:
 		info, ok := t.Ledger.Has(pid)
 		if !ok {
+			info, ok = t.cached(pid)
+		}
+		if !ok {
 			info = t.identify(pid, ev)
+			t.remember(info)
 		}
 		t.Ledger.AddFD(info, int(ev.GPU), ev.FD, at)
 	case bpf.EventClose:
 		t.Ledger.RemoveFD(pid, int(ev.GPU), ev.FD)
 	case bpf.EventExit:
+		t.forget(pid)
 		t.Ledger.RemoveProcess(pid)
 	case bpf.EventFork, bpf.EventExec, bpf.EventResync:
+		t.forget(pid)
 		t.reconcile(pid, at)
 	}
 	t.Events.Add(1)
 	if t.Applied != nil {
 		t.Applied(ev)
 	}
+}
+
+func (t *Tracker) cached(pid int) (ProcInfo, bool) {
+	t.idMu.Lock()
+	defer t.idMu.Unlock()
+	info, ok := t.known[pid]
+	return info, ok
+}
+
+func (t *Tracker) remember(info ProcInfo) {
+	t.idMu.Lock()
+	defer t.idMu.Unlock()
+	if t.known == nil {
+		t.known = map[int]ProcInfo{}
+	}
+	t.known[info.PID] = info
+}
+
+func (t *Tracker) forget(pid int) {
+	t.idMu.Lock()
+	defer t.idMu.Unlock()
+	delete(t.known, pid)
 }
 
 // identify reads a new holder's identity; when the process is already gone
@@ -117,6 +153,9 @@ func (t *Tracker) reconcile(pid int, at time.Time) {
 
 // Resync makes the ledger equal to /proc: every process's GPU fds.
 func (t *Tracker) Resync() error {
+	t.idMu.Lock()
+	t.known = nil
+	t.idMu.Unlock()
 	procs, err := t.Proc.ScanAll()
 	if err != nil {
 		return err

@@ -1,0 +1,54 @@
+# gpud — make targets. `make demo` and `make test` do all set-up on a fresh
+# Debian machine as root (packages through apt-get, a private Docker engine).
+
+GO        ?= go
+BIN       := bin/gpud
+VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS   := -X main.version=$(VERSION)
+# Privileged packages share the kernel and the fake GPU device numbers: one at a time.
+TESTFLAGS ?= -count=1 -p 1 -timeout 30m
+BENCHTIME ?= 1x
+
+.PHONY: all build generate test unit bench demo lint clean
+
+all: build
+
+build:
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/gpud
+
+# Rebuild the BPF objects and Go bindings (committed, so `build` needs no clang).
+generate:
+	scripts/deps.sh bpf
+	cd bpf && $(GO) generate ./...
+
+# Everything, privileged tests included: real BPF in the kernel, real Docker
+# containers. A private dockerd is started for the run and stopped after.
+test: build
+	scripts/deps.sh build test
+	scripts/dockerd.sh start
+	@set -e; trap 'scripts/dockerd.sh stop' EXIT; \
+	scripts/image.sh; \
+	$(GO) vet ./...; \
+	$(GO) test $(TESTFLAGS) ./...
+
+# Unprivileged unit tests only (no root needed; privileged tests skip outside CI).
+unit:
+	$(GO) test -count=1 -short ./internal/cgroups/ ./internal/status/
+
+# Figures, each as a ratio to a baseline measured in the same run.
+bench: build
+	scripts/deps.sh build
+	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -count=1 -p 1 -timeout 30m ./internal/daemon/
+
+# gpud's main job on fake GPUs (or real ones when an NVIDIA driver is present).
+demo: build
+	scripts/deps.sh build docker
+	scripts/demo.sh $(BIN)
+
+lint:
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
+	$(GO) vet ./...
+	$(GO) tool staticcheck ./...
+
+clean:
+	rm -rf bin

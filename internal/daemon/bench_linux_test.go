@@ -1,0 +1,250 @@
+package daemon_test
+
+// `make bench`: each figure is measured against a baseline taken in the same
+// run, with interleaved repetitions, because the machines are noisy.
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gpud/gpud/bpf"
+	"github.com/gpud/gpud/internal/daemon"
+	"github.com/gpud/gpud/internal/testutil"
+	"golang.org/x/sys/unix"
+)
+
+// openCloseNs times n open+close pairs of path and returns ns per pair.
+func openCloseNs(path string, n int) float64 {
+	start := time.Now()
+	for i := 0; i < n; i++ {
+		fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			panic(err)
+		}
+		unix.Close(fd)
+	}
+	return float64(time.Since(start).Nanoseconds()) / float64(n)
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	sort.Float64s(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func percentile(xs []float64, p float64) float64 {
+	s := slices.Clone(xs)
+	sort.Float64s(s)
+	i := int(p / 100 * float64(len(s)-1))
+	return s[i]
+}
+
+// BenchmarkOpenOverhead: open+close of a non-GPU device (/dev/null) and of a
+// regular file, with gpud's programs attached and without, interleaved.
+// Reported: ns per pair each way and the ratio with/without (goal ≤ 1.02).
+func BenchmarkOpenOverhead(b *testing.B) {
+	devDir, _ := makeGPUsForBench(b)
+	regular := filepath.Join(b.TempDir(), "regular")
+	if err := os.WriteFile(regular, []byte("x"), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	const rounds, n = 12, 100000
+	for _, target := range []struct{ name, path string }{{"devnull", "/dev/null"}, {"regular", regular}} {
+		b.Run(target.name, func(b *testing.B) {
+			var with, without, ratios []float64
+			for r := 0; r < rounds; r++ {
+				openCloseNs(target.path, n/10) // warm up
+				wo := openCloseNs(target.path, n)
+				d := startBenchDaemon(b, devDir, 0)
+				openCloseNs(target.path, n/10)
+				w := openCloseNs(target.path, n)
+				d.stop()
+				without, with = append(without, wo), append(with, w)
+				ratios = append(ratios, w/wo)
+			}
+			b.ReportMetric(median(without), "ns/pair-without")
+			b.ReportMetric(median(with), "ns/pair-with")
+			b.ReportMetric(median(ratios), "ratio")
+		})
+	}
+}
+
+// BenchmarkOpenToLedger: a GPU open in another process → the holder in the
+// in-memory ledger, and → in the state file on disk. ≥ 200 trials.
+func BenchmarkOpenToLedger(b *testing.B) {
+	devDir, gpus := makeGPUsForBench(b)
+	d := startBenchDaemon(b, devDir, 0)
+	defer d.stop()
+	type key struct{ pid, fd int32 }
+	var mu sync.Mutex
+	applied := map[key]chan uint64{}
+	d.d.Tracker().Applied = func(ev *bpf.Event) {
+		if ev.Type != bpf.EventOpen {
+			return
+		}
+		now := bpf.MonotonicNow()
+		mu.Lock()
+		ch := applied[key{int32(ev.TGID), ev.FD}]
+		mu.Unlock()
+		if ch != nil {
+			ch <- now
+		}
+	}
+	h := startHelper(b)
+	const trials = 300
+	var toLedger, toFile []float64
+	for i := 0; i < trials; i++ {
+		// The fd number is known in advance: the lowest free one, reused each trial.
+		ch := make(chan uint64, 1)
+		mu.Lock()
+		applied = map[key]chan uint64{}
+		for fd := int32(0); fd < 16; fd++ {
+			applied[key{int32(h.pid()), fd}] = ch
+		}
+		mu.Unlock()
+		var t0 uint64
+		var fd int
+		fmt.Sscan(h.do("opentimed %s", gpus[0]), &t0, &fd)
+		var t1 uint64
+		select {
+		case t1 = <-ch:
+		case <-time.After(2 * time.Second):
+			b.Fatalf("trial %d: open never reached the ledger", i)
+		}
+		v := d.d.Ledger().Version()
+		select {
+		case <-d.d.Writer().Written(v):
+		case <-time.After(2 * time.Second):
+			b.Fatalf("trial %d: state file never written", i)
+		}
+		t2 := bpf.MonotonicNow()
+		toLedger = append(toLedger, float64(t1-t0)/1e3)
+		toFile = append(toFile, float64(t2-t0)/1e3)
+		h.do("close %d", fd)
+		waitFor(b, func() bool { return len(d.d.Ledger().FDTable()[h.pid()]) == 0 })
+	}
+	b.ReportMetric(percentile(toLedger, 50), "µs-ledger-p50")
+	b.ReportMetric(percentile(toLedger, 99), "µs-ledger-p99")
+	b.ReportMetric(percentile(toFile, 50), "µs-statefile-p50")
+	b.ReportMetric(percentile(toFile, 99), "µs-statefile-p99")
+	b.ReportMetric(percentile(toLedger, 99)/1000, "ratio-ledger-p99-to-1ms-goal")
+	b.ReportMetric(percentile(toFile, 99)/5000, "ratio-statefile-p99-to-5ms-goal")
+}
+
+// BenchmarkEventThroughput: GPU open/close pairs per second from two
+// processes, processed by gpud, against the same generators' rate without
+// gpud (the baseline). Drops are counted, and a full resync follows them;
+// the ledger is checked against /proc at the end.
+func BenchmarkEventThroughput(b *testing.B) {
+	devDir, gpus := makeGPUsForBench(b)
+	gens := []*helper{startHelper(b)}
+	churn := func(ms int) int {
+		var wg sync.WaitGroup
+		counts := make([]int, len(gens))
+		for i, g := range gens {
+			wg.Add(1)
+			go func() { defer wg.Done(); counts[i] = g.doInt("churn %s %d", gpus[i%len(gpus)], ms) }()
+		}
+		wg.Wait()
+		total := 0
+		for _, c := range counts {
+			total += c
+		}
+		return total
+	}
+	const ms = 2000
+	var baseRates, rates, ratios []float64
+	var drops, resyncs uint64
+	for r := 0; r < 3; r++ {
+		base := float64(churn(ms)) / (ms / 1000.0)
+		d := startBenchDaemon(b, devDir, 0)
+		ev0 := d.d.Tracker().Events.Load()
+		churn(ms)
+		// Let the consumer drain what is queued, then count.
+		waitFor(b, func() bool { return d.d.Monitor().Pending() == 0 })
+		time.Sleep(50 * time.Millisecond)
+		processed := float64(d.d.Tracker().Events.Load()-ev0) / 2
+		drops += d.d.Tracker().Drops.Load()
+		resyncs += d.d.Tracker().Resyncs.Load() - 1 // less the start-up one
+		if d.d.Tracker().Drops.Load() > 0 && d.d.Tracker().Resyncs.Load() < 2 {
+			b.Fatalf("drops without a resync")
+		}
+		if got := d.d.Ledger().FDTable(); len(got) != 0 {
+			// The generators hold nothing between pairs; after the churn the
+			// ledger must be empty of them.
+			for _, g := range gens {
+				if len(got[g.pid()]) != 0 {
+					b.Fatalf("ledger wrong after churn: %v", got)
+				}
+			}
+		}
+		d.stop()
+		rate := processed / (ms / 1000.0)
+		baseRates, rates = append(baseRates, base), append(rates, rate)
+		ratios = append(ratios, rate/base)
+	}
+	b.ReportMetric(median(baseRates), "pairs/s-generated-without-gpud")
+	b.ReportMetric(median(rates), "pairs/s-processed-with-gpud")
+	b.ReportMetric(median(ratios), "ratio-processed-to-baseline")
+	b.ReportMetric(median(rates)/100000, "ratio-to-100k-goal")
+	b.ReportMetric(float64(drops), "drops")
+	b.ReportMetric(float64(resyncs), "resyncs")
+}
+
+type benchDaemon struct {
+	d    *daemon.Daemon
+	stop func()
+}
+
+func makeGPUsForBench(b *testing.B) (string, []string) {
+	b.Helper()
+	dir := b.TempDir()
+	paths := []string{filepath.Join(dir, "nvidia0"), filepath.Join(dir, "nvidia1")}
+	for i, mm := range [][2]uint32{{1, 7}, {10, 229}} {
+		if err := unix.Mknod(paths[i], unix.S_IFCHR|0o666, int(unix.Mkdev(mm[0], mm[1]))); err != nil {
+			testutil.Skip(b, fmt.Sprintf("mknod (needs root): %v", err))
+		}
+	}
+	return dir, paths
+}
+
+func startBenchDaemon(b *testing.B, devDir string, ring uint32) *benchDaemon {
+	b.Helper()
+	dir := b.TempDir()
+	cfg := daemon.Config{DevDir: devDir, StateFile: filepath.Join(dir, "state.json"), StateDir: dir,
+		IdleAfter: time.Minute, NodeName: "bench", RingBytes: ring}
+	d, err := daemon.New(cfg, discardLogger())
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	waitFor(b, d.Ready)
+	return &benchDaemon{d: d, stop: func() { cancel(); <-done }}
+}
+
+func waitFor(tb testing.TB, ok func() bool) {
+	tb.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !ok() {
+		if time.Now().After(deadline) {
+			tb.Fatal("condition never met")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
