@@ -146,9 +146,15 @@ func (l *Ledger) AddFD(info ProcInfo, gpu int, fd int32, at time.Time) {
 		h = &hold{fds: map[int32]struct{}{}, openedAt: at}
 		p.holds[gpu] = h
 	}
+	_, known := h.fds[fd]
 	h.fds[fd] = struct{}{}
-	if at.After(g.lastActive) {
+	active := at.After(g.lastActive)
+	if active {
 		g.lastActive = at
+	}
+	if known && !l.publishLocked(at) {
+		l.mu.Unlock()
+		return
 	}
 	l.publishLocked(at)
 	hook := l.changed()
@@ -238,9 +244,10 @@ func (l *Ledger) setProcessLocked(pf ProcFDs, at time.Time) bool {
 		h := &hold{fds: map[int32]struct{}{}, openedAt: at}
 		if old != nil && old.holds[gpu] != nil {
 			h.openedAt = old.holds[gpu].openedAt
-		} else if g.lastActive.IsZero() {
-			// First sight of a holder on this GPU: count it as active now,
-			// since nothing is known of its past.
+		} else if !l.heldLocked(gpu) && at.After(g.lastActive) {
+			// A holder appears on a GPU nobody held: count it as active now,
+			// since nothing is known of its past (a GPU used long ago must
+			// not read idle the moment a new holder is found).
 			g.lastActive = at
 		}
 		for _, fd := range fds {
@@ -351,16 +358,18 @@ func (l *Ledger) publishLocked(now time.Time) bool {
 	return changed
 }
 
-func (l *Ledger) stateLocked(idx int, g *gpuEntry, now time.Time) State {
-	held := false
+func (l *Ledger) heldLocked(idx int) bool {
 	for _, p := range l.procs {
 		if p.holds[idx] != nil {
-			held = true
-			break
+			return true
 		}
 	}
+	return false
+}
+
+func (l *Ledger) stateLocked(idx int, g *gpuEntry, now time.Time) State {
 	switch {
-	case !held:
+	case !l.heldLocked(idx):
 		return Free
 	case now.Sub(g.lastActive) >= l.idleAfter:
 		return Idle

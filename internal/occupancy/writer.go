@@ -23,6 +23,7 @@ type Writer struct {
 	once    sync.Once
 	mu      sync.Mutex
 	written uint64
+	wrote   bool // written is meaningful once a write succeeded
 	waiters []waiter
 }
 
@@ -70,7 +71,7 @@ func (w *Writer) write() {
 		return
 	}
 	w.mu.Lock()
-	w.written = snap.Version
+	w.written, w.wrote = snap.Version, true
 	keep := w.waiters[:0]
 	for _, wt := range w.waiters {
 		if wt.version <= snap.Version {
@@ -89,7 +90,7 @@ func (w *Writer) Written(v uint64) <-chan struct{} {
 	ch := make(chan struct{})
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.written >= v {
+	if w.wrote && w.written >= v {
 		close(ch)
 		return ch
 	}

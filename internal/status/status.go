@@ -15,10 +15,10 @@ import (
 func Render(w io.Writer, f *occupancy.StateFile, now time.Time) error {
 	mon := "on"
 	if !f.Monitoring {
-		mon = "OFF (ledger frozen at the last observation)"
+		mon = "OFF (ledger frozen)"
 	}
 	fmt.Fprintf(w, "node %s  monitoring %s  updated %s ago\n\n", orDash(f.Node), mon, ago(now, f.UpdatedAt))
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
 	fmt.Fprintln(tw, "GPU\tSTATE\tPID\tCOMM\tCONTAINER/POD\tPRIORITY\tFDS\tSINCE")
 	for _, g := range f.GPUs {
 		state := string(g.State)

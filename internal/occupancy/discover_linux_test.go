@@ -1,0 +1,131 @@
+package occupancy
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"reflect"
+	"testing"
+
+	"github.com/gpud/gpud/internal/testutil"
+	"golang.org/x/sys/unix"
+)
+
+func TestDiscoverGPUsErrors(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "file")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// A directory with things named like GPUs that are not character devices.
+	noGPUs := filepath.Join(dir, "dev")
+	if err := os.MkdirAll(filepath.Join(noGPUs, "nvidia1"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"nvidia0", "nvidiactl", "nvidia-uvm", "null"} {
+		if err := os.WriteFile(filepath.Join(noGPUs, name), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink(file, filepath.Join(noGPUs, "nvidia2")); err != nil {
+		t.Fatal(err)
+	}
+	empty := filepath.Join(dir, "empty")
+	if err := os.Mkdir(empty, 0o755); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, tc := range []struct {
+		name     string
+		dir      string
+		noGPUs   bool
+		notExist bool
+	}{
+		{"missing dir", filepath.Join(dir, "missing"), false, true},
+		{"file, not a dir", file, false, false},
+		{"empty dir", empty, true, false},
+		{"no character devices", noGPUs, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			gpus, err := DiscoverGPUs(tc.dir)
+			if err == nil || gpus != nil {
+				t.Fatalf("DiscoverGPUs = %v, %v; want an error", gpus, err)
+			}
+			if errors.Is(err, ErrNoGPUs) != tc.noGPUs {
+				t.Errorf("err = %v; ErrNoGPUs want %v", err, tc.noGPUs)
+			}
+			if errors.Is(err, fs.ErrNotExist) != tc.notExist {
+				t.Errorf("err = %v; ErrNotExist want %v", err, tc.notExist)
+			}
+		})
+	}
+}
+
+// TestDiscoverGPUsSymlinks needs no root: nodes may be links to character
+// devices, which stat follows.
+func TestDiscoverGPUsSymlinks(t *testing.T) {
+	dir := t.TempDir()
+	for name, target := range map[string]string{"nvidia3": "/dev/null", "nvidia1": "/dev/zero", "nvidiactl": "/dev/null"} {
+		if err := os.Symlink(target, filepath.Join(dir, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gpus, err := DiscoverGPUs(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []GPU{
+		{Index: 1, Device: filepath.Join(dir, "nvidia1"), Major: 1, Minor: 5},
+		{Index: 3, Device: filepath.Join(dir, "nvidia3"), Major: 1, Minor: 3},
+	}
+	if !reflect.DeepEqual(gpus, want) {
+		t.Errorf("DiscoverGPUs = %+v, want %+v", gpus, want)
+	}
+}
+
+func TestDiscoverGPUs(t *testing.T) {
+	testutil.RequireRoot(t)
+	dir, fakes := testutil.MakeFakeGPUs(t, 3)
+	// Extra nodes: nvidia10 sorts before nvidia2 by name, not by index;
+	// nvidiactl and nvidia-uvm are character devices but not GPUs; a
+	// regular file named nvidia5 is not a device.
+	mknod := func(name string, major, minor uint32) {
+		if err := unix.Mknod(filepath.Join(dir, name), unix.S_IFCHR|0o600, int(unix.Mkdev(major, minor))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mknod("nvidia10", 1, 8)
+	mknod("nvidiactl", 1, 3)
+	mknod("nvidia-uvm", 1, 5)
+	mknod("nvidia007x", 1, 5)
+	if err := os.WriteFile(filepath.Join(dir, "nvidia5"), []byte("not a device"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mkfifo(filepath.Join(dir, "nvidia6"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	gpus, err := DiscoverGPUs(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []GPU
+	for _, f := range fakes {
+		want = append(want, GPU{Index: f.Index, Device: f.Path, Major: f.Major, Minor: f.Minor})
+	}
+	want = append(want, GPU{Index: 10, Device: filepath.Join(dir, "nvidia10"), Major: 1, Minor: 8})
+	if !reflect.DeepEqual(gpus, want) {
+		t.Errorf("DiscoverGPUs =\n%+v\nwant\n%+v", gpus, want)
+	}
+
+	devs := Devs(gpus)
+	if len(devs) != 4 {
+		t.Errorf("Devs = %v, want 4 entries", devs)
+	}
+	for _, g := range want {
+		if idx, ok := devs[unix.Mkdev(g.Major, g.Minor)]; !ok || idx != g.Index {
+			t.Errorf("Devs[%d:%d] = %d %v, want %d", g.Major, g.Minor, idx, ok, g.Index)
+		}
+	}
+}

@@ -1,0 +1,223 @@
+package occupancy
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
+)
+
+// newServer returns a mock DGX A100 whose device i has minor number 7-i, so
+// that NVML's order and the minor numbers differ.
+func newServer() *dgxa100.Server {
+	s := dgxa100.New()
+	for i, d := range s.Devices {
+		d.(*dgxa100.Device).Minor = len(s.Devices) - 1 - i
+	}
+	return s
+}
+
+func device(s *dgxa100.Server, minor int) *dgxa100.Device {
+	for _, d := range s.Devices {
+		if dd := d.(*dgxa100.Device); dd.Minor == minor {
+			return dd
+		}
+	}
+	panic("no device of that minor")
+}
+
+func TestNVMLInitAnnotate(t *testing.T) {
+	s := newServer()
+	n := &NVML{Lib: s}
+	if err := n.Init(); err != nil {
+		t.Fatal(err)
+	}
+	gpus := testGPUs(8)
+	gpus = append(gpus, GPU{Index: 8, Device: "/dev/nvidia8", Minor: 8}, GPU{Index: 11, Device: "/dev/nvidia11", Minor: 42})
+	unknown := n.Annotate(gpus)
+	if !slices.Equal(unknown, []int{8, 11}) {
+		t.Errorf("unknown = %v, want [8 11]", unknown)
+	}
+	for _, g := range gpus[:8] {
+		want := device(s, int(g.Minor)).UUID
+		if g.UUID != want || !strings.HasPrefix(g.UUID, "GPU-") {
+			t.Errorf("GPU %d (minor %d) UUID = %q, want %q", g.Index, g.Minor, g.UUID, want)
+		}
+	}
+	// The mapping is by minor number, not NVML's index: minor 0 is NVML device 7.
+	if got, want := gpus[0].UUID, s.Devices[7].(*dgxa100.Device).UUID; got != want {
+		t.Errorf("minor 0 UUID = %q, want NVML device 7's %q", got, want)
+	}
+	for _, g := range gpus[8:] {
+		if g.UUID != "" {
+			t.Errorf("unknown GPU %d got UUID %q", g.Index, g.UUID)
+		}
+	}
+
+	// A UUID NVML cannot give is left empty, and the GPU is still known.
+	device(s, 3).GetUUIDFunc = func() (string, nvml.Return) { return "", nvml.ERROR_UNKNOWN }
+	gpus = testGPUs(4)
+	if unknown := n.Annotate(gpus); len(unknown) != 0 {
+		t.Errorf("unknown = %v, want none", unknown)
+	}
+	if gpus[3].UUID != "" || gpus[2].UUID == "" {
+		t.Errorf("UUIDs = %q %q, want one and none", gpus[2].UUID, gpus[3].UUID)
+	}
+}
+
+func TestNVMLInitErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		breakIt func(*dgxa100.Server)
+		msg     string
+	}{
+		{"init", func(s *dgxa100.Server) {
+			s.InitFunc = func() nvml.Return { return nvml.ERROR_LIBRARY_NOT_FOUND }
+		}, "init"},
+		{"count", func(s *dgxa100.Server) {
+			s.DeviceGetCountFunc = func() (int, nvml.Return) { return 0, nvml.ERROR_UNINITIALIZED }
+		}, "device count"},
+		{"handle", func(s *dgxa100.Server) {
+			s.DeviceGetHandleByIndexFunc = func(int) (nvml.Device, nvml.Return) { return nil, nvml.ERROR_GPU_IS_LOST }
+		}, "device 0"},
+		{"minor", func(s *dgxa100.Server) {
+			s.Devices[5].(*dgxa100.Device).GetMinorNumberFunc = func() (int, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED }
+		}, "device 5 minor"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newServer()
+			tc.breakIt(s)
+			err := (&NVML{Lib: s}).Init()
+			if !errors.Is(err, ErrNVML) {
+				t.Fatalf("Init err = %v, want ErrNVML", err)
+			}
+			if !strings.Contains(err.Error(), tc.msg) {
+				t.Errorf("Init err = %q, want it to name %q", err, tc.msg)
+			}
+		})
+	}
+}
+
+// utilization makes a device report samples, recording the lastSeen it is
+// asked with.
+type utilization struct {
+	mu      sync.Mutex
+	asked   []uint64
+	samples []nvml.ProcessUtilizationSample
+	ret     nvml.Return
+}
+
+func (u *utilization) install(d *dgxa100.Device) {
+	d.GetProcessUtilizationFunc = func(lastSeen uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
+		u.mu.Lock()
+		defer u.mu.Unlock()
+		u.asked = append(u.asked, lastSeen)
+		return u.samples, u.ret
+	}
+}
+
+func (u *utilization) set(ret nvml.Return, samples ...nvml.ProcessUtilizationSample) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.ret, u.samples = ret, samples
+}
+
+func TestNVMLSample(t *testing.T) {
+	s := newServer()
+	n := &NVML{Lib: s}
+	if err := n.Init(); err != nil {
+		t.Fatal(err)
+	}
+	util := map[int]*utilization{}
+	for minor := 0; minor < 8; minor++ {
+		u := &utilization{ret: nvml.ERROR_NOT_FOUND}
+		u.install(device(s, minor))
+		util[minor] = u
+	}
+	const base = uint64(1_740_000_000_000_000) // µs since the epoch
+	util[0].set(nvml.SUCCESS,
+		nvml.ProcessUtilizationSample{Pid: 1, TimeStamp: base + 100, SmUtil: 0, MemUtil: 0},
+		nvml.ProcessUtilizationSample{Pid: 1, TimeStamp: base + 300, SmUtil: 5},
+		nvml.ProcessUtilizationSample{Pid: 2, TimeStamp: base + 200, SmUtil: 90},
+		nvml.ProcessUtilizationSample{Pid: 2, TimeStamp: base + 400, SmUtil: 0}, // newest, but idle
+	)
+	util[1].set(nvml.SUCCESS, nvml.ProcessUtilizationSample{Pid: 3, TimeStamp: base + 50, MemUtil: 1}) // memory only
+	util[2].set(nvml.SUCCESS, nvml.ProcessUtilizationSample{Pid: 4, TimeStamp: base + 70})             // all zero
+	util[3].set(nvml.SUCCESS)                                                                          // no samples
+	util[4].set(nvml.ERROR_UNKNOWN)
+	util[6].set(nvml.SUCCESS, nvml.ProcessUtilizationSample{Pid: 5, TimeStamp: base + 999, EncUtil: 50}) // encoder only
+
+	got, err := n.Sample()
+	if !errors.Is(err, ErrNVML) || !strings.Contains(err.Error(), "GPU 4") {
+		t.Errorf("Sample err = %v, want ErrNVML for GPU 4", err)
+	}
+	want := map[int]time.Time{0: time.UnixMicro(int64(base + 300)), 1: time.UnixMicro(int64(base + 50))}
+	if len(got) != len(want) {
+		t.Errorf("Sample = %v, want %v", got, want)
+	}
+	for idx, w := range want {
+		if !got[idx].Equal(w) {
+			t.Errorf("GPU %d active at %v, want %v", idx, got[idx], w)
+		}
+	}
+	for minor, u := range util {
+		if len(u.asked) != 1 || u.asked[0] != 0 {
+			t.Errorf("GPU %d asked with lastSeen %v, want [0]", minor, u.asked)
+		}
+	}
+
+	// The next call asks for samples after the newest seen, active or not.
+	util[0].set(nvml.ERROR_NOT_FOUND)
+	util[1].set(nvml.ERROR_NOT_FOUND)
+	util[4].set(nvml.SUCCESS, nvml.ProcessUtilizationSample{Pid: 6, TimeStamp: base + 1000, SmUtil: 1})
+	got, err = n.Sample()
+	if err != nil {
+		t.Errorf("second Sample err = %v", err)
+	}
+	if len(got) != 1 || !got[4].Equal(time.UnixMicro(int64(base+1000))) {
+		t.Errorf("second Sample = %v, want GPU 4 only", got)
+	}
+	for minor, wantSeen := range map[int]uint64{0: base + 400, 1: base + 50, 2: base + 70, 3: 0, 4: 0, 5: 0, 6: base + 999} {
+		if a := util[minor].asked; len(a) != 2 || a[1] != wantSeen {
+			t.Errorf("GPU %d asked with %v, want second lastSeen %d", minor, a, wantSeen)
+		}
+	}
+}
+
+func TestNVMLAllFailing(t *testing.T) {
+	s := newServer()
+	n := &NVML{Lib: s}
+	if err := n.Init(); err != nil {
+		t.Fatal(err)
+	}
+	for minor := 0; minor < 8; minor++ {
+		u := &utilization{ret: nvml.ERROR_GPU_IS_LOST}
+		u.install(device(s, minor))
+	}
+	got, err := n.Sample()
+	if len(got) != 0 {
+		t.Errorf("Sample = %v, want nothing", got)
+	}
+	if !errors.Is(err, ErrNVML) || strings.Count(err.Error(), "utilization of GPU") != 8 {
+		t.Errorf("Sample err = %v, want 8 joined ErrNVML errors", err)
+	}
+}
+
+func TestNVMLShutdown(t *testing.T) {
+	s := newServer()
+	var calls int
+	s.ShutdownFunc = func() nvml.Return { calls++; return nvml.SUCCESS }
+	n := &NVML{Lib: s}
+	if err := n.Init(); err != nil {
+		t.Fatal(err)
+	}
+	n.Shutdown()
+	if calls != 1 {
+		t.Errorf("Shutdown calls = %d, want 1", calls)
+	}
+}

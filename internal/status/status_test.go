@@ -1,0 +1,179 @@
+package status
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/gpud/gpud/internal/occupancy"
+)
+
+const ctrID = "3f1c2d4e5b6a7980a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718"
+
+var now = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+
+func at(d time.Duration) time.Time { return now.Add(-d) }
+
+// realistic is a node with a busy GPU held by a pod and a container, an
+// idle GPU held by a host process, and a free GPU.
+func realistic() *occupancy.StateFile {
+	idleSince := at(2*time.Hour + 3*time.Minute)
+	return &occupancy.StateFile{
+		Version: 1, Node: "gpu-node-017", UpdatedAt: at(2 * time.Second), Monitoring: true,
+		GPUs: []occupancy.StateGPU{
+			{Index: 0, UUID: "GPU-6f0e7c56-5bd8-4c38-9b1d-6c44e6f3b0a1", Device: "/dev/nvidia0", State: occupancy.Busy,
+				Holders: []occupancy.StateHolder{
+					{PID: 4194301, Comm: "pt_main_thread_with_a_long_name", CgroupID: 123456789, ContainerID: ctrID,
+						PodUID: "1a2b3c4d-0000-1111-2222-333344445555", Priority: occupancy.Unclassified,
+						OpenedAt: at(26*time.Hour + 15*time.Minute), FDs: 12},
+					{PID: 4194302, Comm: "tritonserver", ContainerID: ctrID, Priority: occupancy.Unmanaged,
+						OpenedAt: at(45 * time.Second), FDs: 3},
+				}},
+			{Index: 1, Device: "/dev/nvidia1", State: occupancy.Idle, IdleSince: &idleSince,
+				Holders: []occupancy.StateHolder{
+					{PID: 812, Comm: "jupyter-lab", Priority: occupancy.Low, OpenedAt: at(9 * 24 * time.Hour), FDs: 1},
+				}},
+			{Index: 2, Device: "/dev/nvidia2", State: occupancy.Free, Holders: []occupancy.StateHolder{}},
+		},
+		Preemptions: []occupancy.Preemption{},
+	}
+}
+
+func render(t *testing.T, f *occupancy.StateFile) string {
+	t.Helper()
+	var b bytes.Buffer
+	if err := Render(&b, f, now); err != nil {
+		t.Fatal(err)
+	}
+	return b.String()
+}
+
+func TestRenderFits80Columns(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		edit func(*occupancy.StateFile)
+	}{
+		{"realistic", func(*occupancy.StateFile) {}},
+		{"monitoring off", func(f *occupancy.StateFile) { f.Monitoring = false }},
+		{"longest idle age", func(f *occupancy.StateFile) {
+			since := at(59*time.Minute + 59*time.Second)
+			f.GPUs[1].IdleSince = &since
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := realistic()
+			tc.edit(f)
+			out := render(t, f)
+			for i, line := range strings.Split(out, "\n") {
+				if n := utf8.RuneCountInString(line); n > 80 {
+					t.Errorf("line %d is %d columns: %q", i+1, n, line)
+				}
+			}
+			if t.Failed() {
+				t.Logf("output:\n%s", out)
+			}
+		})
+	}
+}
+
+func TestRenderContent(t *testing.T) {
+	out := render(t, realistic())
+	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
+	if len(lines) != 7 { // header, blank, column titles, 2+1+1 GPU rows
+		t.Fatalf("%d lines, want 7:\n%s", len(lines), out)
+	}
+	if want := "node gpu-node-017  monitoring on  updated 2s ago"; lines[0] != want {
+		t.Errorf("header = %q, want %q", lines[0], want)
+	}
+	if lines[1] != "" {
+		t.Errorf("line 2 = %q, want blank", lines[1])
+	}
+	if got := strings.Fields(lines[2]); strings.Join(got, " ") != "GPU STATE PID COMM CONTAINER/POD PRIORITY FDS SINCE" {
+		t.Errorf("column titles = %q", lines[2])
+	}
+	for i, want := range [][]string{
+		{"0", "busy", "4194301", "pt_main_thread_", "pod/1a2b3c4d-000", "unclassified", "12", "26h15m"},
+		{"4194302", "tritonserver", "ctr/3f1c2d4e5b6a", "unmanaged", "3", "45s"},
+		{"1", "idle", "2h03m", "812", "jupyter-lab", "host", "low", "1", "9d"},
+		{"2", "free", "-", "-", "-", "-", "-", "-"},
+	} {
+		if got := strings.Fields(lines[3+i]); strings.Join(got, "|") != strings.Join(want, "|") {
+			t.Errorf("row %d = %q, want fields %q", i, lines[3+i], want)
+		}
+	}
+	// Columns line up: every row's PID starts under the PID title.
+	col := strings.Index(lines[2], "PID")
+	for _, row := range lines[3:] {
+		if len(row) <= col || row[col-1] != ' ' || row[col] == ' ' {
+			t.Errorf("row %q: no value at the PID column %d", row, col)
+		}
+	}
+	if strings.Contains(out, ctrID) {
+		t.Error("full container id printed")
+	}
+	if strings.Contains(out, "preemption") {
+		t.Error("preemptions line without preemptions")
+	}
+}
+
+func TestRenderMonitoringOff(t *testing.T) {
+	f := realistic()
+	f.Monitoring = false
+	out := render(t, f)
+	header, _, _ := strings.Cut(out, "\n")
+	if !strings.Contains(header, "monitoring OFF") {
+		t.Errorf("header = %q, want monitoring OFF", header)
+	}
+	if strings.Contains(header, "monitoring on") {
+		t.Errorf("header = %q says on", header)
+	}
+}
+
+func TestRenderEdgeCases(t *testing.T) {
+	f := &occupancy.StateFile{Version: 1, Monitoring: true,
+		GPUs: []occupancy.StateGPU{
+			// Idle without idle_since: no age shown.
+			{Index: 3, State: occupancy.Idle, Holders: []occupancy.StateHolder{{PID: 9, Comm: "x", OpenedAt: now.Add(time.Minute), FDs: 1}}},
+		},
+		Preemptions: []occupancy.Preemption{json.RawMessage(`{}`), json.RawMessage(`{}`)},
+	}
+	out := render(t, f)
+	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
+	if want := "node -  monitoring on  updated - ago"; lines[0] != want {
+		t.Errorf("header = %q, want %q", lines[0], want)
+	}
+	// A holder opened in the future (clock skew) reads 0s.
+	if got := strings.Join(strings.Fields(lines[3]), "|"); got != "3|idle|9|x|host|1|0s" {
+		t.Errorf("row = %q", lines[3])
+	}
+	if !strings.Contains(out, "\n2 recent preemption(s)") {
+		t.Errorf("no preemptions line:\n%s", out)
+	}
+}
+
+func TestAgo(t *testing.T) {
+	for _, tc := range []struct {
+		d    time.Duration
+		want string
+	}{
+		{0, "0s"},
+		{-time.Hour, "0s"},
+		{59 * time.Second, "59s"},
+		{time.Minute, "1m00s"},
+		{59*time.Minute + 59*time.Second, "59m59s"},
+		{time.Hour, "1h00m"},
+		{47*time.Hour + 59*time.Minute, "47h59m"},
+		{48 * time.Hour, "2d"},
+		{400 * 24 * time.Hour, "400d"},
+	} {
+		if got := ago(now, now.Add(-tc.d)); got != tc.want {
+			t.Errorf("ago(%v) = %q, want %q", tc.d, got, tc.want)
+		}
+	}
+	if got := ago(now, time.Time{}); got != "-" {
+		t.Errorf("ago(zero) = %q, want -", got)
+	}
+}
