@@ -19,6 +19,9 @@ const (
 	EventExec   EventType = 4 // a holder exec'd: reconcile (O_CLOEXEC fds are gone)
 	EventExit   EventType = 5 // a holder's last thread exited
 	EventResync EventType = 6 // fds changed in bulk: reconcile the process
+	// From the gate, at decision time (before the open completes):
+	EventGateHigh EventType = 7 // a high-priority open of a GPU with low holders was let through
+	EventDeny     EventType = 8 // a low-priority open was refused (EPERM)
 )
 
 func (t EventType) String() string {
@@ -35,6 +38,10 @@ func (t EventType) String() string {
 		return "exit"
 	case EventResync:
 		return "resync"
+	case EventGateHigh:
+		return "gate-high"
+	case EventDeny:
+		return "deny"
 	}
 	return fmt.Sprintf("EventType(%d)", uint32(t))
 }
@@ -74,7 +81,7 @@ func DecodeEvent(raw []byte, ev *Event) error {
 	// binary.Decode costs more than the rest of the event's handling.
 	ne := binary.NativeEndian
 	typ := ne.Uint32(raw[16:])
-	if typ < uint32(EventOpen) || typ > uint32(EventResync) {
+	if typ < uint32(EventOpen) || typ > uint32(EventDeny) {
 		return fmt.Errorf("%w: unknown type %d", ErrBadEvent, typ)
 	}
 	comm := raw[40:56]

@@ -118,7 +118,7 @@ func TestDecodeEventRejects(t *testing.T) {
 		{"one byte short", good[:55], bpf.ErrShortEvent},
 		{"header only", good[:16], bpf.ErrShortEvent},
 		{"type 0", encode(rawEvent{Type: 0}), bpf.ErrBadEvent},
-		{"type 7", encode(rawEvent{Type: 7}), bpf.ErrBadEvent},
+		{"type 9", encode(rawEvent{Type: 9}), bpf.ErrBadEvent},
 		{"type max", encode(rawEvent{Type: ^uint32(0)}), bpf.ErrBadEvent},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -144,7 +144,7 @@ func TestDecodeEventRejects(t *testing.T) {
 func TestEventTypeString(t *testing.T) {
 	for typ, want := range map[bpf.EventType]string{
 		bpf.EventOpen: "open", bpf.EventClose: "close", bpf.EventFork: "fork", bpf.EventExec: "exec",
-		bpf.EventExit: "exit", bpf.EventResync: "resync", 0: "EventType(0)", 9: "EventType(9)",
+		bpf.EventExit: "exit", bpf.EventResync: "resync", bpf.EventGateHigh: "gate-high", bpf.EventDeny: "deny", 0: "EventType(0)", 9: "EventType(9)",
 	} {
 		if got := typ.String(); got != want {
 			t.Errorf("EventType(%d).String() = %q, want %q", uint32(typ), got, want)
@@ -155,7 +155,7 @@ func TestEventTypeString(t *testing.T) {
 func FuzzDecodeEvent(f *testing.F) {
 	f.Add(encode(rawEvent{Ts: 1, CgroupID: 2, Type: 1, PID: 3, TGID: 3, FD: 4, GPU: 0, Comm: comm("python3")}))
 	f.Add(encode(rawEvent{Type: 6, FD: -1, GPU: -1, Comm: comm("0123456789abcdef")}))
-	f.Add(encode(rawEvent{Type: 7}))
+	f.Add(encode(rawEvent{Type: 9}))
 	f.Add([]byte{1, 2, 3})
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		var ev bpf.Event
@@ -172,7 +172,7 @@ func FuzzDecodeEvent(f *testing.F) {
 		if len(raw) < bpf.EventSize {
 			t.Fatalf("decoded a %d-byte record", len(raw))
 		}
-		if ev.Type < bpf.EventOpen || ev.Type > bpf.EventResync {
+		if ev.Type < bpf.EventOpen || ev.Type > bpf.EventDeny {
 			t.Fatalf("decoded type %d", ev.Type)
 		}
 		if len(ev.Comm) > 16 || bytes.IndexByte([]byte(ev.Comm), 0) >= 0 {

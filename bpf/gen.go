@@ -1,3 +1,3 @@
 package bpf
 
-//go:generate go tool bpf2go -cc clang -cflags "-O2 -g -Wall -Werror" -target amd64,arm64 -type event gpud gpud.bpf.c -- -I./headers
+//go:generate go tool bpf2go -cc clang -cflags "-O2 -g -Wall -Werror" -target amd64,arm64 -type event -type gpu_pol gpud gpud.bpf.c -- -I./headers

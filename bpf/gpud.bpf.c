@@ -29,6 +29,11 @@ volatile __u32 consumer_tgid = 0;
 volatile __u64 consumer_cgroup = 0;
 volatile __u64 heartbeat_ns = 0;
 
+// Enforcement (the gate): off until user space turns it on; fail-open when
+// the heartbeat is older than fail_open_after_ns.
+volatile __u32 enforcing = 0;
+volatile __u64 fail_open_after_ns = 30ULL * 1000 * 1000 * 1000;
+
 // --- kernel-maintained counters, read by user space ---
 volatile __u64 pending_marks = 0; // GPU opens marked by the gate, not yet seen at openat exit
 volatile __u64 dropped = 0;       // events lost because the ring buffer was full
@@ -54,6 +59,40 @@ struct {
 	__type(key, __u32);   // tgid
 	__type(value, __u32); // 1: has held a GPU fd (removed when the process exits)
 } holders SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u64);   // cgroup v2 id (a container's, or a pod's: covers its children)
+	__type(value, __u32); // enum prio
+} cgroup_prio SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_GPUS);
+	__type(key, __u32);
+	__type(value, struct gpu_pol);
+} gpu_policy SEC(".maps");
+
+// Written by the kernel only: when a high-priority open of the GPU was last
+// let through or completed. A low open is denied while this is newer than
+// what user space has confirmed in gpu_confirmed, so the GPU counts as held
+// by high priority from the decision on, before user space hears of it.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_GPUS);
+	__type(key, __u32);
+	__type(value, __u64);
+} gpu_high_mark SEC(".maps");
+
+// Written by user space only, after gpu_policy: events up to this time
+// (CLOCK_MONOTONIC) are reflected in gpu_policy.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_GPUS);
+	__type(key, __u32);
+	__type(value, __u64);
+} gpu_confirmed SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -132,9 +171,36 @@ static __always_inline void mark_holder(__u32 tgid)
 }
 
 // ----------------------------------------------------------------------------
-// The gate. In this version it only observes: it marks the task that is
-// opening a tracked GPU node so that the openat-exit observer knows to look at
-// the new fd. It always allows.
+// The gate (patent claim 1). It runs on every device-file open in every
+// cgroup, before the driver. It allows everything that is not a tracked GPU,
+// every cgroup it does not know, and everything while enforcement is off or
+// the consumer's heartbeat is stale. For a tracked GPU it also marks the
+// opening task so that the openat-exit observer looks at the new fd.
+
+// classify walks the opener's cgroup ancestors: the deepest classified one
+// decides; *reserved_ok tells whether `reserved` is among them.
+static __always_inline __u32 classify(__u64 reserved, int *reserved_ok)
+{
+	__u32 prio = PRIO_NONE;
+	*reserved_ok = 0;
+	for (int level = 1; level < MAX_CGROUP_DEPTH; level++) {
+		__u64 id = bpf_get_current_ancestor_cgroup_id(level);
+		if (id == 0)
+			break;
+		if (reserved && id == reserved)
+			*reserved_ok = 1;
+		__u32 *p = bpf_map_lookup_elem(&cgroup_prio, &id);
+		if (p)
+			prio = *p;
+	}
+	return prio;
+}
+
+static __always_inline void gate_event(__u32 type, __u32 gpu)
+{
+	struct task_struct *t = (struct task_struct *)bpf_get_current_task();
+	emit(type, BPF_CORE_READ(t, pid), BPF_CORE_READ(t, tgid), 0, -1, gpu);
+}
 
 SEC("cgroup/dev")
 int gpud_gate(struct bpf_cgroup_dev_ctx *ctx)
@@ -146,25 +212,53 @@ int gpud_gate(struct bpf_cgroup_dev_ctx *ctx)
 	if (!((ctx->access_type >> 16) & (BPF_DEVCG_ACC_READ | BPF_DEVCG_ACC_WRITE)))
 		return 1; // mknod only
 	__u32 rdev = (ctx->major << 20) | ctx->minor;
-	__u32 *gpu = bpf_map_lookup_elem(&gpu_devs, &rdev);
-	if (!gpu)
+	__u32 *gpup = bpf_map_lookup_elem(&gpu_devs, &rdev);
+	if (!gpup)
 		return 1;
+	__u32 gpu = *gpup;
+	__u32 mark = gpu; // low 16 bits: GPU; bit 16: a high-priority opener
+
+	__u64 now = bpf_ktime_get_ns();
+	if (enforcing && now - heartbeat_ns < fail_open_after_ns) {
+		struct gpu_pol *pol = bpf_map_lookup_elem(&gpu_policy, &gpu);
+		__u64 *hmark = bpf_map_lookup_elem(&gpu_high_mark, &gpu);
+		__u64 *conf = bpf_map_lookup_elem(&gpu_confirmed, &gpu);
+		if (pol && hmark && conf) {
+			int reserved_ok = 0;
+			__u64 reserved = now < pol->reserved_until_ns ? pol->reserved_cgroup : 0;
+			__u32 prio = classify(reserved, &reserved_ok);
+			if (prio == PRIO_HIGH) {
+				*hmark = now;
+				mark |= 1 << 16;
+				if (pol->low)
+					gate_event(EV_GATE_HIGH, gpu);
+			} else if (prio == PRIO_LOW) {
+				if (pol->high || *hmark > *conf || (reserved && !reserved_ok)) {
+					gate_event(EV_DENY, gpu);
+					return 0; // EPERM
+				}
+			}
+		}
+	}
+
 	__u64 task = bpf_get_current_task();
-	if (bpf_map_update_elem(&pending, &task, gpu, BPF_NOEXIST) == 0)
+	if (bpf_map_update_elem(&pending, &task, &mark, BPF_NOEXIST) == 0)
 		__sync_fetch_and_add(&pending_marks, 1);
 	else
-		bpf_map_update_elem(&pending, &task, gpu, BPF_EXIST);
+		bpf_map_update_elem(&pending, &task, &mark, BPF_EXIST);
 	return 1;
 }
 
-// consume_mark removes the current task's mark, if any; returns 1 if there was one.
-static __always_inline int consume_mark(__u64 task)
+// consume_mark removes the current task's mark and returns it, or -1.
+static __always_inline long consume_mark(__u64 task)
 {
-	if (!bpf_map_lookup_elem(&pending, &task))
-		return 0;
+	__u32 *m = bpf_map_lookup_elem(&pending, &task);
+	if (!m)
+		return -1;
+	long mark = *m;
 	if (bpf_map_delete_elem(&pending, &task) == 0)
 		__sync_fetch_and_sub(&pending_marks, 1);
-	return 1;
+	return mark;
 }
 
 static __always_inline int on_open_exit(long ret)
@@ -172,7 +266,8 @@ static __always_inline int on_open_exit(long ret)
 	if (pending_marks == 0)
 		return 0;
 	__u64 task = bpf_get_current_task();
-	if (!consume_mark(task))
+	long mark = consume_mark(task);
+	if (mark < 0)
 		return 0;
 	if (ret < 0 || !monitoring)
 		return 0;
@@ -185,6 +280,14 @@ static __always_inline int on_open_exit(long ret)
 		return 0;
 	mark_holder(tgid);
 	emit(EV_OPEN, (__u32)id, tgid, 0, ret, gpu);
+	if (mark & (1 << 16)) {
+		// Marked again after the event is queued: user space cannot confirm
+		// past this mark before it has read the event.
+		__u32 g = gpu;
+		__u64 *hmark = bpf_map_lookup_elem(&gpu_high_mark, &g);
+		if (hmark)
+			*hmark = bpf_ktime_get_ns();
+	}
 	return 0;
 }
 

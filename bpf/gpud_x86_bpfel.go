@@ -26,12 +26,24 @@ type gpudEvent struct {
 	Comm     [16]int8
 }
 
+type gpudGpuPol struct {
+	_               structs.HostLayout
+	High            uint32
+	Low             uint32
+	ReservedCgroup  uint64
+	ReservedUntilNs uint64
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	gpudMapCgroupPrio      = "cgroup_prio"
 	gpudMapEvents          = "events"
+	gpudMapGpuConfirmed    = "gpu_confirmed"
 	gpudMapGpuDevs         = "gpu_devs"
+	gpudMapGpuHighMark     = "gpu_high_mark"
+	gpudMapGpuPolicy       = "gpu_policy"
 	gpudMapHolders         = "holders"
 	gpudMapPending         = "pending"
 	gpudMapRecvMsgs        = "recv_msgs"
@@ -55,6 +67,8 @@ const (
 	gpudVarConsumerCgroup  = "consumer_cgroup"
 	gpudVarConsumerTgid    = "consumer_tgid"
 	gpudVarDropped         = "dropped"
+	gpudVarEnforcing       = "enforcing"
+	gpudVarFailOpenAfterNs = "fail_open_after_ns"
 	gpudVarHeartbeatNs     = "heartbeat_ns"
 	gpudVarMonitoring      = "monitoring"
 	gpudVarPendingMarks    = "pending_marks"
@@ -127,25 +141,31 @@ type gpudProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type gpudMapSpecs struct {
-	Events   *ebpf.MapSpec `ebpf:"events"`
-	GpuDevs  *ebpf.MapSpec `ebpf:"gpu_devs"`
-	Holders  *ebpf.MapSpec `ebpf:"holders"`
-	Pending  *ebpf.MapSpec `ebpf:"pending"`
-	RecvMsgs *ebpf.MapSpec `ebpf:"recv_msgs"`
+	CgroupPrio   *ebpf.MapSpec `ebpf:"cgroup_prio"`
+	Events       *ebpf.MapSpec `ebpf:"events"`
+	GpuConfirmed *ebpf.MapSpec `ebpf:"gpu_confirmed"`
+	GpuDevs      *ebpf.MapSpec `ebpf:"gpu_devs"`
+	GpuHighMark  *ebpf.MapSpec `ebpf:"gpu_high_mark"`
+	GpuPolicy    *ebpf.MapSpec `ebpf:"gpu_policy"`
+	Holders      *ebpf.MapSpec `ebpf:"holders"`
+	Pending      *ebpf.MapSpec `ebpf:"pending"`
+	RecvMsgs     *ebpf.MapSpec `ebpf:"recv_msgs"`
 }
 
 // gpudVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type gpudVariableSpecs struct {
-	ConsumerCgroup *ebpf.VariableSpec `ebpf:"consumer_cgroup"`
-	ConsumerTgid   *ebpf.VariableSpec `ebpf:"consumer_tgid"`
-	Dropped        *ebpf.VariableSpec `ebpf:"dropped"`
-	HeartbeatNs    *ebpf.VariableSpec `ebpf:"heartbeat_ns"`
-	Monitoring     *ebpf.VariableSpec `ebpf:"monitoring"`
-	PendingMarks   *ebpf.VariableSpec `ebpf:"pending_marks"`
-	ScmArmedUntil  *ebpf.VariableSpec `ebpf:"scm_armed_until"`
-	UnusedEvent    *ebpf.VariableSpec `ebpf:"unused_event"`
+	ConsumerCgroup  *ebpf.VariableSpec `ebpf:"consumer_cgroup"`
+	ConsumerTgid    *ebpf.VariableSpec `ebpf:"consumer_tgid"`
+	Dropped         *ebpf.VariableSpec `ebpf:"dropped"`
+	Enforcing       *ebpf.VariableSpec `ebpf:"enforcing"`
+	FailOpenAfterNs *ebpf.VariableSpec `ebpf:"fail_open_after_ns"`
+	HeartbeatNs     *ebpf.VariableSpec `ebpf:"heartbeat_ns"`
+	Monitoring      *ebpf.VariableSpec `ebpf:"monitoring"`
+	PendingMarks    *ebpf.VariableSpec `ebpf:"pending_marks"`
+	ScmArmedUntil   *ebpf.VariableSpec `ebpf:"scm_armed_until"`
+	UnusedEvent     *ebpf.VariableSpec `ebpf:"unused_event"`
 }
 
 // gpudObjects contains all objects after they have been loaded into the kernel.
@@ -168,17 +188,25 @@ func (o *gpudObjects) Close() error {
 //
 // It can be passed to loadGpudObjects or ebpf.CollectionSpec.LoadAndAssign.
 type gpudMaps struct {
-	Events   *ebpf.Map `ebpf:"events"`
-	GpuDevs  *ebpf.Map `ebpf:"gpu_devs"`
-	Holders  *ebpf.Map `ebpf:"holders"`
-	Pending  *ebpf.Map `ebpf:"pending"`
-	RecvMsgs *ebpf.Map `ebpf:"recv_msgs"`
+	CgroupPrio   *ebpf.Map `ebpf:"cgroup_prio"`
+	Events       *ebpf.Map `ebpf:"events"`
+	GpuConfirmed *ebpf.Map `ebpf:"gpu_confirmed"`
+	GpuDevs      *ebpf.Map `ebpf:"gpu_devs"`
+	GpuHighMark  *ebpf.Map `ebpf:"gpu_high_mark"`
+	GpuPolicy    *ebpf.Map `ebpf:"gpu_policy"`
+	Holders      *ebpf.Map `ebpf:"holders"`
+	Pending      *ebpf.Map `ebpf:"pending"`
+	RecvMsgs     *ebpf.Map `ebpf:"recv_msgs"`
 }
 
 func (m *gpudMaps) Close() error {
 	return _GpudClose(
+		m.CgroupPrio,
 		m.Events,
+		m.GpuConfirmed,
 		m.GpuDevs,
+		m.GpuHighMark,
+		m.GpuPolicy,
 		m.Holders,
 		m.Pending,
 		m.RecvMsgs,
@@ -189,14 +217,16 @@ func (m *gpudMaps) Close() error {
 //
 // It can be passed to loadGpudObjects or ebpf.CollectionSpec.LoadAndAssign.
 type gpudVariables struct {
-	ConsumerCgroup *ebpf.Variable `ebpf:"consumer_cgroup"`
-	ConsumerTgid   *ebpf.Variable `ebpf:"consumer_tgid"`
-	Dropped        *ebpf.Variable `ebpf:"dropped"`
-	HeartbeatNs    *ebpf.Variable `ebpf:"heartbeat_ns"`
-	Monitoring     *ebpf.Variable `ebpf:"monitoring"`
-	PendingMarks   *ebpf.Variable `ebpf:"pending_marks"`
-	ScmArmedUntil  *ebpf.Variable `ebpf:"scm_armed_until"`
-	UnusedEvent    *ebpf.Variable `ebpf:"unused_event"`
+	ConsumerCgroup  *ebpf.Variable `ebpf:"consumer_cgroup"`
+	ConsumerTgid    *ebpf.Variable `ebpf:"consumer_tgid"`
+	Dropped         *ebpf.Variable `ebpf:"dropped"`
+	Enforcing       *ebpf.Variable `ebpf:"enforcing"`
+	FailOpenAfterNs *ebpf.Variable `ebpf:"fail_open_after_ns"`
+	HeartbeatNs     *ebpf.Variable `ebpf:"heartbeat_ns"`
+	Monitoring      *ebpf.Variable `ebpf:"monitoring"`
+	PendingMarks    *ebpf.Variable `ebpf:"pending_marks"`
+	ScmArmedUntil   *ebpf.Variable `ebpf:"scm_armed_until"`
+	UnusedEvent     *ebpf.Variable `ebpf:"unused_event"`
 }
 
 // gpudPrograms contains all programs after they have been loaded into the kernel.

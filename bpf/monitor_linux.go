@@ -215,6 +215,66 @@ func (m *Monitor) WatchProcess(tgid uint32) error {
 	return nil
 }
 
+// Priority classes as the gate knows them (enum prio in headers/gpud.h).
+const (
+	PrioHigh uint32 = 1
+	PrioLow  uint32 = 2
+)
+
+// SetCgroupPriority classifies a cgroup v2 id (a container's, or a pod's:
+// the gate walks ancestors) as PrioHigh or PrioLow.
+func (m *Monitor) SetCgroupPriority(cgroupID uint64, prio uint32) error {
+	if err := m.objs.CgroupPrio.Put(cgroupID, prio); err != nil {
+		return fmt.Errorf("bpf: classifying cgroup %d: %w", cgroupID, err)
+	}
+	return nil
+}
+
+// ForgetCgroup removes a cgroup's class: it becomes unmanaged.
+func (m *Monitor) ForgetCgroup(cgroupID uint64) error {
+	if err := m.objs.CgroupPrio.Delete(cgroupID); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("bpf: forgetting cgroup %d: %w", cgroupID, err)
+	}
+	return nil
+}
+
+// GPUPolicy is what the gate is told about one GPU.
+type GPUPolicy struct {
+	High, Low      uint32 // holders by class
+	ReservedCgroup uint64 // claim 5: while reserved, only this cgroup may open low
+	ReservedUntil  uint64 // CLOCK_MONOTONIC ns
+}
+
+// SetGPUPolicy updates one GPU's policy and then confirms that events up to
+// confirmedMono are reflected in it (in that order: the gate must never see
+// the confirmation without the counts).
+func (m *Monitor) SetGPUPolicy(gpu uint32, p GPUPolicy, confirmedMono uint64) error {
+	v := gpudGpuPol{High: p.High, Low: p.Low, ReservedCgroup: p.ReservedCgroup, ReservedUntilNs: p.ReservedUntil}
+	if err := m.objs.GpuPolicy.Put(gpu, v); err != nil {
+		return fmt.Errorf("bpf: GPU %d policy: %w", gpu, err)
+	}
+	if err := m.objs.GpuConfirmed.Put(gpu, confirmedMono); err != nil {
+		return fmt.Errorf("bpf: GPU %d confirmation: %w", gpu, err)
+	}
+	return nil
+}
+
+// SetEnforcing turns the gate's verdicts on or off. failOpenAfter is how
+// long the gate keeps enforcing without a heartbeat.
+func (m *Monitor) SetEnforcing(on bool, failOpenAfter time.Duration) error {
+	var v uint32
+	if on {
+		v = 1
+	}
+	if err := m.objs.FailOpenAfterNs.Set(uint64(failOpenAfter.Nanoseconds())); err != nil {
+		return fmt.Errorf("bpf: setting fail-open delay: %w", err)
+	}
+	if err := m.objs.Enforcing.Set(v); err != nil {
+		return fmt.Errorf("bpf: setting enforcement: %w", err)
+	}
+	return nil
+}
+
 // Dropped returns how many events the kernel could not queue so far.
 func (m *Monitor) Dropped() (uint64, error) {
 	var v uint64

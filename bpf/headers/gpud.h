@@ -84,7 +84,26 @@ enum event_type {
 	EV_EXEC = 4,   /* a holder exec'd: reconcile (O_CLOEXEC) */
 	EV_EXIT = 5,   /* a holder's last thread exited */
 	EV_RESYNC = 6, /* fds changed in bulk (dup2/dup3/close_range/SCM_RIGHTS): reconcile */
+	EV_GATE_HIGH = 7, /* the gate let a high-priority open of a GPU with low holders through */
+	EV_DENY = 8,      /* the gate refused a low-priority open */
 };
+
+enum prio {
+	PRIO_NONE = 0, /* unknown cgroup: allowed, never blocks anyone */
+	PRIO_HIGH = 1,
+	PRIO_LOW = 2,
+};
+
+/* What user space tells the gate about one GPU (gpu_policy). */
+struct gpu_pol {
+	__u32 high;              /* high-priority holders (processes) */
+	__u32 low;               /* low-priority holders */
+	__u64 reserved_cgroup;   /* claim 5: only this cgroup (or its descendants) may open low */
+	__u64 reserved_until_ns; /* CLOCK_MONOTONIC */
+};
+
+#define MAX_GPUS 256
+#define MAX_CGROUP_DEPTH 16
 
 struct event {
 	__u64 ts; /* CLOCK_MONOTONIC ns */

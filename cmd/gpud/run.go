@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/gpud/gpud/internal/daemon"
+	"github.com/gpud/gpud/internal/preempt"
+	"github.com/gpud/gpud/internal/priority"
 )
 
 func newFlagSet(name string) *flag.FlagSet {
@@ -48,7 +50,7 @@ func defaultNode() string {
 func cmdRun(args []string) error {
 	fs := newFlagSet("run")
 	var cfg daemon.Config
-	var logLevel, nvmlMode string
+	var logLevel, nvmlMode, defPrio string
 	fs.StringVar(&cfg.DevDir, "dev-dir", "/dev", "directory holding the nvidiaN device nodes")
 	fs.StringVar(&cfg.StateFile, "state-file", "/run/gpud/state.json", "state file (JSON, rewritten atomically on every change)")
 	fs.StringVar(&cfg.StateDir, "state-dir", "/var/lib/gpud", "durable data (journal, settings)")
@@ -59,6 +61,14 @@ func cmdRun(args []string) error {
 	fs.StringVar(&cfg.CgroupRoot, "cgroup-root", "", "cgroup v2 mount point (default: detected)")
 	fs.StringVar(&nvmlMode, "nvml", "auto", "use NVML for UUIDs and utilization: auto|off")
 	fs.StringVar(&logLevel, "log-level", "info", "debug|info|warn|error")
+	fs.BoolVar(&cfg.Enforce, "enforce", true, "enforce the priority rules in the kernel gate (false: observe only)")
+	fs.DurationVar(&cfg.FailOpenAfter, "fail-open-after", 30*time.Second, "the gate allows everything once gpud has not heartbeated for this long")
+	fs.StringVar(&defPrio, "default-priority", "unmanaged", "class of workloads without the gpud.io/priority label: unmanaged|low|high")
+	fs.DurationVar(&cfg.PreemptGrace, "preempt-grace", 0, "SIGTERM → SIGKILL delay for preempted processes (0: SIGKILL at once)")
+	fs.StringVar(&cfg.Reclaim, "reclaim", "stop", "what happens to a preempted or refused low-priority container: stop|remove|none")
+	fs.DurationVar(&cfg.ReservationTTL, "reservation-ttl", 30*time.Second, "how long a freed GPU waits for its earliest refused low-priority requester")
+	fs.StringVar(&cfg.CheckpointRoot, "checkpoint-root", "/var/lib/gpud/checkpoints", "where gpud-preempted.json notices go, one directory per task id")
+	fs.StringVar(&cfg.DockerHost, "docker-host", "", "Docker engine for labels and reclaim (default $DOCKER_HOST or the local socket; none disables)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -72,6 +82,22 @@ func cmdRun(args []string) error {
 	case "off":
 	default:
 		return usagef("run: --nvml %q: want auto or off", nvmlMode)
+	}
+	p, err := priority.ParseDefault(defPrio)
+	if err != nil {
+		return usagef("run: --default-priority %q: want unmanaged, low or high", defPrio)
+	}
+	cfg.DefaultPriority = p
+	if _, err := preempt.ParseReclaim(cfg.Reclaim); err != nil {
+		return usagef("run: --reclaim %q: want stop, remove or none", cfg.Reclaim)
+	}
+	for name, v := range map[string]time.Duration{"--fail-open-after": cfg.FailOpenAfter, "--reservation-ttl": cfg.ReservationTTL} {
+		if v <= 0 {
+			return usagef("run: %s must be positive, got %s", name, v)
+		}
+	}
+	if cfg.PreemptGrace < 0 {
+		return usagef("run: --preempt-grace must not be negative")
 	}
 	if cfg.IdleAfter <= 0 {
 		return usagef("run: --idle-after must be positive, got %s", cfg.IdleAfter)

@@ -5,6 +5,7 @@ package daemon
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,9 +16,12 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/docker/docker/client"
 	"github.com/gpud/gpud/bpf"
 	"github.com/gpud/gpud/internal/cgroups"
 	"github.com/gpud/gpud/internal/occupancy"
+	"github.com/gpud/gpud/internal/preempt"
+	"github.com/gpud/gpud/internal/priority"
 )
 
 // Config is everything `gpud run` is told.
@@ -33,6 +37,16 @@ type Config struct {
 	ProcRoot       string
 	UseNVML        bool
 	RingBytes      uint32 // kernel → user ring buffer size; 0: 4 MiB
+
+	// The gate and preemption (claim 1, 5, 6).
+	Enforce         bool
+	FailOpenAfter   time.Duration
+	DefaultPriority occupancy.Priority
+	PreemptGrace    time.Duration
+	Reclaim         string // stop | remove | none
+	ReservationTTL  time.Duration
+	CheckpointRoot  string
+	DockerHost      string // "" : $DOCKER_HOST or the default socket; "none" disables
 	// NVML overrides the library (tests inject go-nvml's mock).
 	NVML nvml.Interface
 }
@@ -50,6 +64,13 @@ type Daemon struct {
 	gpus       []occupancy.GPU
 	ready      atomic.Bool
 	mu         sync.Mutex // serialises switch changes
+
+	registry *priority.Registry
+	journal  *preempt.Journal
+	executor *preempt.Executor
+	enforcer *enforcer
+	docker   *priority.Docker
+	denials  atomic.Uint64
 }
 
 // ErrConfig marks errors in what gpud was told (exit status 2).
@@ -61,6 +82,9 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	gpus, err := occupancy.DiscoverGPUs(cfg.DevDir)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	if cfg.FailOpenAfter <= 0 {
+		cfg.FailOpenAfter = 30 * time.Second
 	}
 	d := &Daemon{cfg: cfg, log: log, gpus: gpus}
 	d.monitoring.Store(true)
@@ -127,18 +151,35 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	}
 
 	d.ledger = occupancy.NewLedger(gpus, cfg.IdleAfter)
+	if err := d.setupEnforcement(root); err != nil {
+		d.mon.Close()
+		return nil, err
+	}
 	procRoot := cfg.ProcRoot
 	if procRoot == "" {
 		procRoot = "/proc"
 	}
 	d.tracker = &occupancy.Tracker{
 		Ledger: d.ledger, Log: log,
-		Proc:  &occupancy.ProcFS{Root: procRoot, CgroupRoot: root, Devs: occupancy.Devs(gpus), Self: os.Getpid()},
-		Watch: func(pid int) error { return d.mon.WatchProcess(uint32(pid)) },
+		Proc:     &occupancy.ProcFS{Root: procRoot, CgroupRoot: root, Devs: occupancy.Devs(gpus), Self: os.Getpid()},
+		Watch:    func(pid int) error { return d.mon.WatchProcess(uint32(pid)) },
+		Classify: d.registry.ClassifyProc,
+		Gate:     d.enforcer.gate,
+		Opened:   d.enforcer.opened,
+		Drained:  d.enforcer.sync,
 	}
 	d.writer = &occupancy.Writer{
 		Path: cfg.StateFile, Node: cfg.NodeName, Ledger: d.ledger, Log: log,
 		Monitoring: d.monitoring.Load,
+		Preemptions: func() []occupancy.Preemption {
+			var out []occupancy.Preemption
+			for _, r := range d.journal.Recent() {
+				if b, err := json.Marshal(r); err == nil {
+					out = append(out, b)
+				}
+			}
+			return out
+		},
 	}
 	d.ledger.OnChange(d.writer.Kick)
 	// Attached first, scanned second: whatever changes during the scan is
@@ -147,8 +188,15 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 		d.mon.Close()
 		return nil, err
 	}
+	d.enforcer.sync(bpf.MonotonicNow())
+	if cfg.Enforce {
+		if err := d.mon.SetEnforcing(true, cfg.FailOpenAfter); err != nil {
+			d.mon.Close()
+			return nil, err
+		}
+	}
 	log.Info("gpud started", "gpus", len(gpus), "cgroup_root", root, "cgroup_mode", mode,
-		"monitoring", d.monitoring.Load(), "nvml", d.nvml != nil, "holders", len(d.ledger.FDTable()))
+		"monitoring", d.monitoring.Load(), "enforcing", cfg.Enforce, "nvml", d.nvml != nil, "holders", len(d.ledger.FDTable()))
 	return d, nil
 }
 
@@ -198,6 +246,14 @@ func (d *Daemon) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { defer wg.Done(); d.writer.Run(ctx) }()
+
+	d.enforcer.ctx = ctx
+	if d.docker != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); d.docker.Run(ctx) }()
+	}
+	defer d.executor.Wait()
+	defer d.journal.Close()
 
 	var ctl *controlServer
 	if d.cfg.ControlSocket != "" {
@@ -261,6 +317,8 @@ func (d *Daemon) periodic(ctx context.Context) {
 				}
 			}
 			d.ledger.Refresh(now)
+			d.ledger.RefreshComms(d.tracker.Proc.Comm)
+			d.enforcer.sync(bpf.MonotonicNow())
 			if d.cfg.ResyncInterval > 0 && now.Sub(lastResync) >= d.cfg.ResyncInterval && d.monitoring.Load() {
 				lastResync = now
 				if err := d.tracker.Resync(); err != nil {
@@ -270,3 +328,76 @@ func (d *Daemon) periodic(ctx context.Context) {
 		}
 	}
 }
+
+// setupEnforcement builds the priority registry (fed by Docker), the
+// preemption journal and executor, and the enforcer.
+func (d *Daemon) setupEnforcement(cgroupRoot string) error {
+	cfg := d.cfg
+	d.registry = &priority.Registry{Default: cfg.DefaultPriority, Log: d.log}
+	d.registry.OnChange = func(cgroupID uint64, p occupancy.Priority) {
+		var err error
+		switch p {
+		case occupancy.High:
+			err = d.mon.SetCgroupPriority(cgroupID, bpf.PrioHigh)
+		case occupancy.Low:
+			err = d.mon.SetCgroupPriority(cgroupID, bpf.PrioLow)
+		default:
+			err = d.mon.ForgetCgroup(cgroupID)
+		}
+		if err != nil {
+			d.log.Error("updating the gate's cgroups", "cgroup_id", cgroupID, "error", err)
+		}
+		if d.ledger != nil {
+			d.ledger.Reclassify(d.registry.ClassifyProc)
+		}
+	}
+	stateDir := cfg.StateDir
+	if stateDir == "" {
+		stateDir = "/var/lib/gpud"
+	}
+	j, skipped, err := preempt.OpenJournal(filepath.Join(stateDir, "preemptions.jsonl"), 50)
+	if err != nil {
+		return fmt.Errorf("%w: --state-dir: %w", ErrConfig, err)
+	}
+	if skipped > 0 {
+		d.log.Warn("preemption journal: skipped unreadable lines", "lines", skipped)
+	}
+	d.journal = j
+	reclaim := cfg.Reclaim
+	if reclaim == "" {
+		reclaim = preempt.ReclaimStop
+	}
+	rc := &preempt.Reclaimer{Mode: reclaim, Log: d.log}
+	if cfg.DockerHost != "none" {
+		opts := []client.Opt{client.FromEnv, client.WithAPIVersionNegotiation()}
+		if cfg.DockerHost != "" {
+			opts = append(opts, client.WithHost(cfg.DockerHost))
+		}
+		cli, err := client.NewClientWithOpts(opts...)
+		if err != nil {
+			return fmt.Errorf("%w: docker: %w", ErrConfig, err)
+		}
+		rc.Runtime = preempt.DockerRuntime{Client: cli}
+		d.docker = &priority.Docker{Client: cli, Registry: d.registry, CgroupRoot: cgroupRoot, Log: d.log}
+	}
+	d.executor = &preempt.Executor{
+		ProcRoot: "/proc", Grace: cfg.PreemptGrace, CheckpointRoot: cfg.CheckpointRoot,
+		Journal: j, Reclaimer: rc, Log: d.log,
+		Recorded: func(preempt.Record) { d.writer.Kick() },
+	}
+	ttl := cfg.ReservationTTL
+	if ttl == 0 {
+		ttl = 30 * time.Second
+	}
+	d.enforcer = newEnforcer(d, d.registry, d.executor, ttl)
+	return nil
+}
+
+// Registry exposes the priority registry (tests classify cgroups with it).
+func (d *Daemon) Registry() *priority.Registry { return d.registry }
+
+// Journal exposes the preemption journal.
+func (d *Daemon) Journal() *preempt.Journal { return d.journal }
+
+// Reservation reports whom gpu is reserved for (claim 5), by cgroup id.
+func (d *Daemon) Reservation(gpu int) (uint64, bool) { return d.enforcer.reservation(gpu) }

@@ -423,6 +423,98 @@ func (l *Ledger) Snapshot(now time.Time) Snapshot {
 	return s
 }
 
+// Holders returns the processes holding gpu.
+func (l *Ledger) Holders(gpu int) []ProcInfo {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []ProcInfo
+	for _, p := range l.procs {
+		if p.holds[gpu] != nil {
+			out = append(out, p.info)
+		}
+	}
+	return out
+}
+
+// ClassCounts is how many processes of each enforced class hold a GPU.
+type ClassCounts struct{ High, Low uint32 }
+
+// Counts returns, per GPU index, its holders by class.
+func (l *Ledger) Counts() map[int]ClassCounts {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make(map[int]ClassCounts, len(l.gpus))
+	for idx := range l.gpus {
+		out[idx] = ClassCounts{}
+	}
+	for _, p := range l.procs {
+		for gpu := range p.holds {
+			c := out[gpu]
+			switch p.info.Priority {
+			case High:
+				c.High++
+			case Low:
+				c.Low++
+			}
+			out[gpu] = c
+		}
+	}
+	return out
+}
+
+// Reclassify re-derives every holder's priority with classify (a workload
+// was classified after its processes opened a GPU).
+func (l *Ledger) Reclassify(classify func(*ProcInfo)) {
+	l.mu.Lock()
+	changed := false
+	for _, p := range l.procs {
+		before := p.info.Priority
+		classify(&p.info)
+		if p.info.Priority != before {
+			changed = true
+		}
+	}
+	if !changed {
+		l.mu.Unlock()
+		return
+	}
+	hook := l.changed()
+	l.mu.Unlock()
+	hook()
+}
+
+// RefreshComms re-reads each holder's name with comm (nil/false: keep):
+// processes rename themselves after exec (busybox applets, prctl).
+func (l *Ledger) RefreshComms(comm func(pid int) (string, bool)) {
+	l.mu.Lock()
+	pids := make([]int, 0, len(l.procs))
+	for pid := range l.procs {
+		pids = append(pids, pid)
+	}
+	l.mu.Unlock()
+	names := map[int]string{}
+	for _, pid := range pids {
+		if c, ok := comm(pid); ok {
+			names[pid] = c
+		}
+	}
+	l.mu.Lock()
+	changed := false
+	for pid, c := range names {
+		if p := l.procs[pid]; p != nil && p.info.Comm != c {
+			p.info.Comm = c
+			changed = true
+		}
+	}
+	if !changed {
+		l.mu.Unlock()
+		return
+	}
+	hook := l.changed()
+	l.mu.Unlock()
+	hook()
+}
+
 // FDTable returns pid → GPU → sorted fds: the form /proc ground truth is
 // compared in.
 func (l *Ledger) FDTable() map[int]map[int][]int32 {

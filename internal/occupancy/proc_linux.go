@@ -156,3 +156,23 @@ func (p *ProcFS) ScanAll() ([]ProcFDs, error) {
 	}
 	return out, nil
 }
+
+// StartTime reads a process's start time (clock ticks since boot), which
+// with the PID identifies it: a reused PID has a later start time.
+func StartTime(procRoot string, pid int) (uint64, error) {
+	b, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return 0, fmt.Errorf("%w: %d: %v", ErrNoProcess, pid, err)
+	}
+	_, start, err := parseStat(string(b))
+	return start, err
+}
+
+// Comm reads a process's current name.
+func (p *ProcFS) Comm(pid int) (string, bool) {
+	b, err := os.ReadFile(filepath.Join(p.Root, strconv.Itoa(pid), "comm"))
+	if err != nil {
+		return "", false
+	}
+	return strings.TrimSuffix(string(b), "\n"), true
+}

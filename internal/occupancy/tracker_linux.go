@@ -34,6 +34,15 @@ type Tracker struct {
 	// (bpf.Monitor.WatchProcess); without it, its closes and exit would be
 	// filtered out.
 	Watch func(pid int) error
+	// Gate, when set, receives the gate's events (EventGateHigh, EventDeny).
+	Gate func(*bpf.Event)
+	// Opened, when set, is called after a GPU open is recorded, with the
+	// holder's identity.
+	Opened func(info ProcInfo, gpu int, ev *bpf.Event)
+	// Drained, when set, is called each time the ring buffer has been
+	// drained, with the CLOCK_MONOTONIC time taken before the check: every
+	// event the kernel queued before then has been applied.
+	Drained func(mono uint64)
 	// Applied, when set, is called after each event is applied (benchmarks).
 	Applied func(*bpf.Event)
 
@@ -82,6 +91,9 @@ func (t *Tracker) Handle(ev *bpf.Event) {
 			t.remember(info)
 		}
 		t.Ledger.AddFD(info, int(ev.GPU), ev.FD, at)
+		if t.Opened != nil {
+			t.Opened(info, int(ev.GPU), ev)
+		}
 	case bpf.EventClose:
 		t.Ledger.RemoveFD(pid, int(ev.GPU), ev.FD)
 	case bpf.EventExit:
@@ -90,6 +102,10 @@ func (t *Tracker) Handle(ev *bpf.Event) {
 	case bpf.EventFork, bpf.EventExec, bpf.EventResync:
 		t.forget(pid)
 		t.reconcile(pid, at)
+	case bpf.EventGateHigh, bpf.EventDeny:
+		if t.Gate != nil {
+			t.Gate(ev)
+		}
 	}
 	t.Events.Add(1)
 	if t.Applied != nil {
@@ -117,6 +133,22 @@ func (t *Tracker) forget(pid int) {
 	t.idMu.Lock()
 	defer t.idMu.Unlock()
 	delete(t.known, pid)
+}
+
+// Identify reads a process's identity, classified (the gate's events name
+// processes that may not hold anything yet).
+func (t *Tracker) Identify(pid int, ev *bpf.Event) ProcInfo {
+	if info, ok := t.Ledger.Has(pid); ok {
+		return info
+	}
+	if info, ok := t.cached(pid); ok {
+		return info
+	}
+	info := t.identify(pid, ev)
+	if info.StartTime != 0 {
+		t.remember(info)
+	}
+	return info
 }
 
 // identify reads a new holder's identity; when the process is already gone
@@ -223,8 +255,12 @@ func (t *Tracker) Run(ctx context.Context, src EventSource) error {
 		default:
 			return err
 		}
+		mono := bpf.MonotonicNow()
 		if src.Pending() == 0 {
 			t.checkDrops(src)
+			if t.Drained != nil {
+				t.Drained(mono)
+			}
 		}
 	}
 	return nil

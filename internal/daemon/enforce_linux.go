@@ -1,0 +1,188 @@
+package daemon
+
+import (
+	"context"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/gpud/gpud/bpf"
+	"github.com/gpud/gpud/internal/occupancy"
+	"github.com/gpud/gpud/internal/preempt"
+	"github.com/gpud/gpud/internal/priority"
+)
+
+// enforcer turns the gate's events and the ledger into actions (the rule
+// table, claim 1), keeps the gate's per-GPU policy current, and runs the
+// earliest-request-first reservations of claim 5.
+type enforcer struct {
+	d    *Daemon
+	reg  *priority.Registry
+	exec *preempt.Executor
+	ttl  time.Duration
+	ctx  context.Context
+
+	mu       sync.Mutex
+	waiters  map[int][]waiter // GPU → denied low-priority requests, oldest first
+	reserved map[int]waiter   // GPU → the waiter it is reserved for
+	until    map[int]uint64   // GPU → reservation end, CLOCK_MONOTONIC
+	last     map[int]bpf.GPUPolicy
+}
+
+type waiter struct {
+	cgroupID    uint64
+	containerID string
+	since       time.Time
+}
+
+func newEnforcer(d *Daemon, reg *priority.Registry, exec *preempt.Executor, ttl time.Duration) *enforcer {
+	return &enforcer{d: d, reg: reg, exec: exec, ttl: ttl, ctx: context.Background(),
+		waiters: map[int][]waiter{}, reserved: map[int]waiter{}, until: map[int]uint64{}, last: map[int]bpf.GPUPolicy{}}
+}
+
+func party(info occupancy.ProcInfo, taskID string) preempt.Party {
+	return preempt.Party{PID: info.PID, Comm: info.Comm, ContainerID: info.ContainerID, PodUID: info.PodUID,
+		TaskID: taskID, CgroupID: info.CgroupID}
+}
+
+func (e *enforcer) taskID(info occupancy.ProcInfo) string {
+	if w, ok := e.reg.Lookup(info); ok {
+		return w.TaskID
+	}
+	return ""
+}
+
+// lowHolders returns the low-priority holders of gpu as victims.
+func (e *enforcer) lowHolders(gpu int) []preempt.Victim {
+	var out []preempt.Victim
+	for _, h := range e.d.ledger.Holders(gpu) {
+		if h.Priority == occupancy.Low {
+			out = append(out, preempt.Victim{ProcInfo: h, TaskID: e.taskID(h)})
+		}
+	}
+	return out
+}
+
+// gate handles the gate's events, emitted at decision time.
+func (e *enforcer) gate(ev *bpf.Event) {
+	gpu := int(ev.GPU)
+	switch ev.Type {
+	case bpf.EventGateHigh:
+		// Kill first; the preemptor's identity is only for the record.
+		victims := e.lowHolders(gpu)
+		if len(victims) == 0 {
+			return
+		}
+		pre := e.d.tracker.Identify(int(ev.TGID), ev)
+		e.preempt(gpu, pre, victims, e.d.tracker.Wall(ev.Mono))
+	case bpf.EventDeny:
+		opener := e.d.tracker.Identify(int(ev.TGID), ev)
+		if opener.CgroupID == 0 || ev.CgroupID != 0 {
+			opener.CgroupID = ev.CgroupID
+		}
+		if e.addWaiter(gpu, waiter{cgroupID: ev.CgroupID, containerID: opener.ContainerID, since: e.d.tracker.Wall(ev.Mono)}) {
+			v := preempt.Decide(preempt.Holding{High: true}, occupancy.Low)
+			e.d.denials.Add(1)
+			e.exec.Denied(e.ctx, gpu, v.Rule, party(opener, e.taskID(opener)), v.ReclaimOpener)
+		}
+	}
+}
+
+func (e *enforcer) preempt(gpu int, pre occupancy.ProcInfo, victims []preempt.Victim, decided time.Time) {
+	v := preempt.Decide(preempt.Holding{Low: true}, occupancy.High)
+	e.exec.Preempt(e.ctx, gpu, v.Rule, party(pre, e.taskID(pre)), victims, decided, nil)
+}
+
+// addWaiter queues a denied request; false when that cgroup already waits.
+func (e *enforcer) addWaiter(gpu int, w waiter) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, x := range e.waiters[gpu] {
+		if x.cgroupID == w.cgroupID {
+			return false
+		}
+	}
+	if r, ok := e.reserved[gpu]; ok && r.cgroupID == w.cgroupID {
+		return false
+	}
+	e.waiters[gpu] = append(e.waiters[gpu], w)
+	sort.SliceStable(e.waiters[gpu], func(i, j int) bool { return e.waiters[gpu][i].since.Before(e.waiters[gpu][j].since) })
+	return true
+}
+
+// opened handles a recorded open: claim 6's resume mark, claim 5's
+// reservation fulfilment, and the rules for opens the gate could not judge
+// (a workload classified only after its open).
+func (e *enforcer) opened(info occupancy.ProcInfo, gpu int, ev *bpf.Event) {
+	if task := e.taskID(info); task != "" && e.exec.Journal != nil {
+		if rec, ok, err := e.exec.Journal.Resumed(task, time.Now()); err != nil {
+			e.d.log.Error("marking resumed", "task_id", task, "error", err)
+		} else if ok {
+			e.d.log.Info("preempted task resumed", "task_id", task, "record_id", rec.ID, "gpu", gpu)
+			e.d.writer.Kick()
+		}
+	}
+	e.mu.Lock()
+	if r, ok := e.reserved[gpu]; ok && (r.cgroupID == ev.CgroupID || (r.containerID != "" && r.containerID == info.ContainerID)) {
+		delete(e.reserved, gpu)
+		delete(e.until, gpu)
+	}
+	e.mu.Unlock()
+
+	counts := e.d.ledger.Counts()[gpu]
+	switch info.Priority {
+	case occupancy.High:
+		if counts.Low > 0 {
+			e.preempt(gpu, info, e.lowHolders(gpu), e.d.tracker.Wall(ev.Mono))
+		}
+	case occupancy.Low:
+		if counts.High > 0 {
+			// Got past the gate unclassified: the deny rule, after the fact.
+			v := preempt.Decide(preempt.Holding{High: true}, occupancy.Low)
+			e.exec.Preempt(e.ctx, gpu, v.Rule+" (after the open)", preempt.Party{},
+				[]preempt.Victim{{ProcInfo: info, TaskID: e.taskID(info)}}, time.Now(), nil)
+		}
+	}
+}
+
+// sync pushes per-GPU counts and reservations to the gate, then confirms
+// that events up to mono are reflected. Called whenever the ring buffer is
+// drained, and every second.
+func (e *enforcer) sync(mono uint64) {
+	counts := e.d.ledger.Counts()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for gpu, c := range counts {
+		if c.High > 0 {
+			// Reservations start when the high-priority holders are gone.
+			delete(e.reserved, gpu)
+			delete(e.until, gpu)
+		} else if _, ok := e.reserved[gpu]; ok && mono > e.until[gpu] {
+			delete(e.reserved, gpu) // expired: the next waiter's turn
+			delete(e.until, gpu)
+		}
+		if _, ok := e.reserved[gpu]; !ok && c.High == 0 && len(e.waiters[gpu]) > 0 {
+			e.reserved[gpu] = e.waiters[gpu][0]
+			e.waiters[gpu] = e.waiters[gpu][1:]
+			e.until[gpu] = mono + uint64(e.ttl.Nanoseconds())
+			e.d.log.Info("GPU reserved for the earliest waiter", "gpu", gpu,
+				"cgroup_id", e.reserved[gpu].cgroupID, "container_id", e.reserved[gpu].containerID, "ttl", e.ttl)
+		}
+		p := bpf.GPUPolicy{High: c.High, Low: c.Low}
+		if r, ok := e.reserved[gpu]; ok {
+			p.ReservedCgroup, p.ReservedUntil = r.cgroupID, e.until[gpu]
+		}
+		if err := e.d.mon.SetGPUPolicy(uint32(gpu), p, mono); err != nil {
+			e.d.log.Error("updating the gate", "gpu", gpu, "error", err)
+		}
+		e.last[gpu] = p
+	}
+}
+
+// reservation reports gpu's reservation, for the state file and tests.
+func (e *enforcer) reservation(gpu int) (uint64, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	r, ok := e.reserved[gpu]
+	return r.cgroupID, ok
+}

@@ -1,0 +1,192 @@
+package preempt
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/gpud/gpud/internal/occupancy"
+)
+
+// Victim is a low-priority holder to kill.
+type Victim struct {
+	occupancy.ProcInfo
+	TaskID string
+}
+
+// Executor carries out verdicts off the hot path: it writes the checkpoint
+// notice, kills through pidfds, journals a record per victim, and hands the
+// containers to the reclaimer.
+type Executor struct {
+	ProcRoot       string
+	Grace          time.Duration // SIGTERM → SIGKILL; 0: SIGKILL at once
+	CheckpointRoot string        // "" disables notices
+	Journal        *Journal
+	Reclaimer      *Reclaimer
+	Log            *slog.Logger
+	// Recorded, when set, is called after each record is journaled.
+	Recorded func(Record)
+
+	mu      sync.Mutex
+	killing map[int]bool
+	dead    map[deadKey]time.Time // victims killed recently: never killed (or recorded) twice
+	wg      sync.WaitGroup
+}
+
+type deadKey struct {
+	pid   int
+	start uint64
+}
+
+// Preempt kills victims (holders of gpu) for preemptor, asynchronously;
+// decided is when the decision was taken, for the latency figure. Victims
+// already being killed are skipped. done, when non-nil, is closed once every
+// victim is confirmed dead (or could not be).
+func (e *Executor) Preempt(ctx context.Context, gpu int, rule string, preemptor Party, victims []Victim, decided time.Time, done chan<- struct{}) {
+	e.mu.Lock()
+	if e.killing == nil {
+		e.killing = map[int]bool{}
+	}
+	if e.dead == nil {
+		e.dead = map[deadKey]time.Time{}
+	}
+	now := time.Now()
+	for k, t := range e.dead {
+		if now.Sub(t) > time.Minute {
+			delete(e.dead, k)
+		}
+	}
+	var mine []Victim
+	for _, v := range victims {
+		if _, ok := e.dead[deadKey{v.PID, v.StartTime}]; ok {
+			continue
+		}
+		if !e.killing[v.PID] {
+			e.killing[v.PID] = true
+			mine = append(mine, v)
+		}
+	}
+	e.mu.Unlock()
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		var wg sync.WaitGroup
+		for _, v := range mine {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				e.kill(ctx, gpu, rule, preemptor, v, decided)
+			}()
+		}
+		wg.Wait()
+		if done != nil {
+			close(done)
+		}
+		// Containers after processes: the GPU is free as soon as the
+		// processes are dead; stopping a container takes longer.
+		seen := map[string]bool{}
+		for _, v := range mine {
+			if v.ContainerID != "" && !seen[v.ContainerID] {
+				seen[v.ContainerID] = true
+				e.reclaim(ctx, gpu, v.ContainerID, v.TaskID, preemptor)
+			}
+		}
+	}()
+}
+
+func (e *Executor) kill(ctx context.Context, gpu int, rule string, preemptor Party, v Victim, decided time.Time) {
+	defer func() {
+		e.mu.Lock()
+		delete(e.killing, v.PID)
+		e.dead[deadKey{v.PID, v.StartTime}] = time.Now()
+		e.mu.Unlock()
+	}()
+	rec := Record{
+		Time: time.Now().UTC(), GPU: gpu, Action: ActionKill, Rule: rule, Preemptor: preemptor,
+		Victim: Party{PID: v.PID, Comm: v.Comm, ContainerID: v.ContainerID, PodUID: v.PodUID, TaskID: v.TaskID, CgroupID: v.CgroupID},
+	}
+	if e.Journal != nil {
+		rec.ID = e.Journal.NewID(rec.Time)
+	}
+	first := "SIGKILL"
+	if e.Grace > 0 {
+		first = "SIGTERM"
+	}
+	if e.CheckpointRoot != "" && v.TaskID != "" {
+		// Before the kill, so that a task given a grace period finds it.
+		if _, err := WriteNotice(e.CheckpointRoot, Notice{
+			Time: rec.Time, GPU: gpu, Reason: rule, Signal: first, GraceSec: e.Grace.Seconds(),
+			TaskID: v.TaskID, RecordID: rec.ID,
+		}); err != nil {
+			e.log().Warn("writing checkpoint notice", "task_id", v.TaskID, "error", err)
+		}
+	}
+	sig, err := Kill(e.ProcRoot, v.ProcInfo, e.Grace)
+	rec.Signal = sig
+	rec.LatencyMS = float64(time.Since(decided).Microseconds()) / 1000
+	switch {
+	case err == nil:
+		rec.Result = "done"
+	case errors.Is(err, ErrGone), errors.Is(err, ErrNotSameProcess):
+		rec.Result = "gone"
+	default:
+		rec.Result = err.Error()
+	}
+	e.log().Info("preempted", "gpu", gpu, "victim_pid", v.PID, "victim_container", v.ContainerID,
+		"preemptor_pid", preemptor.PID, "signal", sig, "result", rec.Result, "latency_ms", rec.LatencyMS)
+	e.record(rec)
+}
+
+func (e *Executor) reclaim(ctx context.Context, gpu int, containerID, taskID string, by Party) {
+	if e.Reclaimer == nil || e.Reclaimer.Mode == ReclaimNone {
+		return
+	}
+	e.Reclaimer.Reclaim(ctx, containerID)
+	rec := Record{Time: time.Now().UTC(), GPU: gpu, Action: ActionReclaim, Preemptor: by,
+		Victim: Party{ContainerID: containerID, TaskID: taskID}, Result: e.Reclaimer.Mode}
+	if e.Journal != nil {
+		rec.ID = e.Journal.NewID(rec.Time)
+	}
+	e.record(rec)
+}
+
+// Denied records a refused low-priority open and, when the verdict says
+// so, reclaims the opener's container.
+func (e *Executor) Denied(ctx context.Context, gpu int, rule string, opener Party, reclaim bool) {
+	rec := Record{Time: time.Now().UTC(), GPU: gpu, Action: ActionDeny, Rule: rule, Victim: opener, Result: "EPERM"}
+	if e.Journal != nil {
+		rec.ID = e.Journal.NewID(rec.Time)
+	}
+	e.record(rec)
+	if reclaim && opener.ContainerID != "" {
+		e.reclaim(ctx, gpu, opener.ContainerID, opener.TaskID, Party{})
+	}
+}
+
+func (e *Executor) record(r Record) {
+	if e.Journal != nil {
+		if err := e.Journal.Append(r); err != nil {
+			e.log().Error("journaling preemption", "error", err)
+		}
+	}
+	if e.Recorded != nil {
+		e.Recorded(r)
+	}
+}
+
+func (e *Executor) log() *slog.Logger {
+	if e.Log == nil {
+		return slog.Default()
+	}
+	return e.Log
+}
+
+// Wait waits for every action under way.
+func (e *Executor) Wait() {
+	e.wg.Wait()
+	if e.Reclaimer != nil {
+		e.Reclaimer.Wait()
+	}
+}

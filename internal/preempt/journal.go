@@ -1,0 +1,176 @@
+package preempt
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+)
+
+// Party is one side of a preemption.
+type Party struct {
+	PID         int    `json:"pid,omitempty"`
+	Comm        string `json:"comm,omitempty"`
+	ContainerID string `json:"container_id,omitempty"`
+	PodUID      string `json:"pod_uid,omitempty"`
+	TaskID      string `json:"task_id,omitempty"`
+	CgroupID    uint64 `json:"cgroup_id,omitempty"`
+}
+
+// Actions recorded.
+const (
+	ActionKill    = "kill"    // a low-priority holder was killed
+	ActionDeny    = "deny"    // a low-priority open was refused
+	ActionReclaim = "reclaim" // a container was reclaimed (stopped/removed)
+)
+
+// Record is one preemption, as journaled and shown in the state file.
+type Record struct {
+	ID        string     `json:"id"`
+	Time      time.Time  `json:"time"`
+	GPU       int        `json:"gpu"`
+	Action    string     `json:"action"`
+	Rule      string     `json:"rule,omitempty"`
+	Victim    Party      `json:"victim"`
+	Preemptor Party      `json:"preemptor"`
+	Signal    string     `json:"signal,omitempty"`
+	LatencyMS float64    `json:"latency_ms,omitempty"` // decision → victim confirmed dead
+	Result    string     `json:"result"`               // done, gone, or the error
+	ResumedAt *time.Time `json:"resumed_at,omitempty"` // claim 6: the task opened a GPU again
+}
+
+// Journal is the durable record of preemptions: JSON lines appended to a
+// file under --state-dir, fsync'ed. A record updated later (resumed) is
+// appended again with the same id; the last line of an id wins.
+type Journal struct {
+	mu     sync.Mutex
+	f      *os.File
+	recent []Record // last keep records, oldest first
+	keep   int
+	seq    uint64
+	byTask map[string]int // task id → index in recent of its newest kill
+}
+
+// OpenJournal opens (creating) the journal at path and loads its last keep
+// records. Lines that cannot be parsed (a torn last write) are skipped and
+// reported in skipped.
+func OpenJournal(path string, keep int) (j *Journal, skipped int, err error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, 0, fmt.Errorf("preempt: journal dir: %w", err)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, 0, fmt.Errorf("preempt: journal: %w", err)
+	}
+	j = &Journal{f: f, keep: keep}
+	order := []string{}
+	byID := map[string]Record{}
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64*1024), 1<<20)
+	for sc.Scan() {
+		line := bytes.TrimSpace(sc.Bytes())
+		if len(line) == 0 {
+			continue
+		}
+		var r Record
+		if err := json.Unmarshal(line, &r); err != nil || r.ID == "" {
+			skipped++
+			continue
+		}
+		if _, ok := byID[r.ID]; !ok {
+			order = append(order, r.ID)
+		}
+		byID[r.ID] = r
+	}
+	if err := sc.Err(); err != nil {
+		f.Close()
+		return nil, skipped, fmt.Errorf("preempt: reading journal: %w", err)
+	}
+	if len(order) > keep {
+		order = order[len(order)-keep:]
+	}
+	for _, id := range order {
+		j.recent = append(j.recent, byID[id])
+	}
+	j.reindex()
+	return j, skipped, nil
+}
+
+func (j *Journal) reindex() {
+	j.byTask = map[string]int{}
+	for i, r := range j.recent {
+		if r.Action == ActionKill && r.Victim.TaskID != "" {
+			j.byTask[r.Victim.TaskID] = i
+		}
+	}
+}
+
+// NewID returns a fresh record id.
+func (j *Journal) NewID(now time.Time) string {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.seq++
+	return fmt.Sprintf("%d-%d-%d", now.UnixNano(), os.Getpid(), j.seq)
+}
+
+// Append writes a record durably and keeps it among the recent ones.
+func (j *Journal) Append(r Record) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.appendLocked(r)
+}
+
+func (j *Journal) appendLocked(r Record) error {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return fmt.Errorf("preempt: encoding record: %w", err)
+	}
+	if _, err := j.f.Write(append(b, '\n')); err != nil {
+		return fmt.Errorf("preempt: writing journal: %w", err)
+	}
+	if err := j.f.Sync(); err != nil {
+		return fmt.Errorf("preempt: syncing journal: %w", err)
+	}
+	replaced := false
+	for i := range j.recent {
+		if j.recent[i].ID == r.ID {
+			j.recent[i], replaced = r, true
+		}
+	}
+	if !replaced {
+		j.recent = append(j.recent, r)
+		if len(j.recent) > j.keep {
+			j.recent = j.recent[len(j.recent)-j.keep:]
+		}
+	}
+	j.reindex()
+	return nil
+}
+
+// Resumed marks the newest kill record of a task as resumed (claim 6), once.
+func (j *Journal) Resumed(taskID string, at time.Time) (Record, bool, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	i, ok := j.byTask[taskID]
+	if !ok || j.recent[i].ResumedAt != nil {
+		return Record{}, false, nil
+	}
+	r := j.recent[i]
+	t := at.UTC()
+	r.ResumedAt = &t
+	return r, true, j.appendLocked(r)
+}
+
+// Recent returns the last records, oldest first.
+func (j *Journal) Recent() []Record {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return append([]Record(nil), j.recent...)
+}
+
+// Close closes the file.
+func (j *Journal) Close() error { return j.f.Close() }

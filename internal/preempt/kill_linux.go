@@ -1,0 +1,94 @@
+package preempt
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/gpud/gpud/internal/occupancy"
+	"golang.org/x/sys/unix"
+)
+
+// Kill errors.
+var (
+	// ErrGone: the process had already exited; nothing was signalled.
+	ErrGone = errors.New("preempt: process already gone")
+	// ErrNotSameProcess: the PID now belongs to another process (reused);
+	// nothing was signalled.
+	ErrNotSameProcess = errors.New("preempt: PID belongs to another process now")
+	// ErrUnknownIdentity: no start time to tell the process apart from a
+	// later one with the same PID; gpud does not signal what it cannot identify.
+	ErrUnknownIdentity = errors.New("preempt: process identity unknown")
+	// ErrStillAlive: SIGKILL was sent but the process did not exit in time.
+	ErrStillAlive = errors.New("preempt: process did not die")
+)
+
+// Kill ends one process through a pidfd, never a bare PID: the pidfd is
+// opened first, the process's start time is checked against the victim's
+// (so a reused PID is never signalled), and the signals go to the pidfd,
+// which keeps naming the same process even if the PID is reused later.
+// With grace > 0 it sends SIGTERM and waits that long before SIGKILL. It
+// returns once the process is confirmed dead (the pidfd turns readable).
+func Kill(procRoot string, v occupancy.ProcInfo, grace time.Duration) (signal string, err error) {
+	if v.StartTime == 0 {
+		return "", ErrUnknownIdentity
+	}
+	pidfd, err := unix.PidfdOpen(v.PID, 0)
+	if err != nil {
+		if errors.Is(err, unix.ESRCH) {
+			return "", ErrGone
+		}
+		return "", fmt.Errorf("preempt: pidfd_open %d: %w", v.PID, err)
+	}
+	defer unix.Close(pidfd)
+	start, err := occupancy.StartTime(procRoot, v.PID)
+	if err != nil {
+		return "", ErrGone
+	}
+	if start != v.StartTime {
+		return "", ErrNotSameProcess
+	}
+	if grace > 0 {
+		if err := unix.PidfdSendSignal(pidfd, unix.SIGTERM, nil, 0); err != nil {
+			if errors.Is(err, unix.ESRCH) {
+				return "", ErrGone
+			}
+			return "", fmt.Errorf("preempt: SIGTERM %d: %w", v.PID, err)
+		}
+		if exited(pidfd, grace) {
+			return "SIGTERM", nil
+		}
+	}
+	if err := unix.PidfdSendSignal(pidfd, unix.SIGKILL, nil, 0); err != nil {
+		if errors.Is(err, unix.ESRCH) {
+			return "SIGTERM", nil // exited between the wait and the kill
+		}
+		return "", fmt.Errorf("preempt: SIGKILL %d: %w", v.PID, err)
+	}
+	if !exited(pidfd, 5*time.Second) {
+		return "SIGKILL", ErrStillAlive
+	}
+	return "SIGKILL", nil
+}
+
+// exited waits until the process behind pidfd has exited, or d passes.
+func exited(pidfd int, d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	for {
+		left := time.Until(deadline)
+		if left < 0 {
+			left = 0
+		}
+		fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
+		n, err := unix.Poll(fds, int(left.Milliseconds())+1)
+		if err == unix.EINTR {
+			continue
+		}
+		if n > 0 {
+			return true
+		}
+		if err != nil || time.Now().After(deadline) {
+			return false
+		}
+	}
+}

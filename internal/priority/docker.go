@@ -1,0 +1,120 @@
+package priority
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/events"
+	"github.com/docker/docker/api/types/filters"
+	"github.com/docker/docker/client"
+	"github.com/gpud/gpud/internal/cgroups"
+)
+
+// Docker keeps the registry in step with a Docker engine: every running
+// container at start, then the events stream (start, die, destroy). On a
+// lost connection it reconnects with backoff and lists again.
+type Docker struct {
+	Client     client.APIClient
+	Registry   *Registry
+	CgroupRoot string // cgroup v2 mount, to find each container's cgroup id
+	Log        *slog.Logger
+	// Synced, when set, is called after every full listing.
+	Synced func()
+}
+
+// Run watches until ctx ends.
+func (d *Docker) Run(ctx context.Context) {
+	backoff := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		err := d.watch(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		d.Log.Warn("docker watch interrupted; retrying", "error", err, "backoff", backoff)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		if backoff < 10*time.Second {
+			backoff *= 2
+		}
+	}
+}
+
+func (d *Docker) watch(ctx context.Context) error {
+	f := filters.NewArgs(filters.Arg("type", "container"),
+		filters.Arg("event", "start"), filters.Arg("event", "die"), filters.Arg("event", "destroy"))
+	// Subscribe before listing, so that nothing between the two is missed.
+	msgs, errs := d.Client.Events(ctx, events.ListOptions{Filters: f})
+	list, err := d.Client.ContainerList(ctx, container.ListOptions{})
+	if err != nil {
+		return fmt.Errorf("listing containers: %w", err)
+	}
+	for _, c := range list {
+		d.refresh(ctx, c.ID)
+	}
+	if d.Synced != nil {
+		d.Synced()
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-errs:
+			return err
+		case m := <-msgs:
+			switch m.Action {
+			case events.ActionStart:
+				d.refresh(ctx, m.Actor.ID)
+			case events.ActionDestroy:
+				d.Registry.Remove(m.Actor.ID)
+			case events.ActionDie:
+				// Keep the workload until it is destroyed: its processes may
+				// still be exiting, and a restart reuses the id.
+			}
+		}
+	}
+}
+
+// Refresh (re)classifies one container now, e.g. when a holder in an unknown
+// container appears.
+func (d *Docker) Refresh(ctx context.Context, id string) { d.refresh(ctx, id) }
+
+func (d *Docker) refresh(ctx context.Context, id string) {
+	c, err := d.Client.ContainerInspect(ctx, id)
+	if err != nil {
+		if client.IsErrNotFound(err) {
+			d.Registry.Remove(id)
+			return
+		}
+		d.Log.Warn("inspecting container", "container_id", id, "error", err)
+		return
+	}
+	var labels map[string]string
+	if c.Config != nil {
+		labels = c.Config.Labels
+	}
+	w := Workload{
+		ContainerID: c.ID,
+		Name:        strings.TrimPrefix(c.Name, "/"),
+		Priority:    d.Registry.Classify(c.ID, labels),
+		TaskID:      labels[LabelTaskID],
+	}
+	if w.TaskID == "" {
+		w.TaskID = w.Name
+	}
+	if c.State != nil && c.State.Pid > 0 {
+		if info, err := cgroups.ReadProc(c.State.Pid); err == nil && info.V2Path != "" && info.V2Path != "/" {
+			if cg, err := cgroups.ID(filepath.Join(d.CgroupRoot, info.V2Path)); err == nil {
+				w.CgroupID = cg
+			}
+		}
+	}
+	d.Registry.Put(w)
+}

@@ -1,0 +1,211 @@
+// Package priority classifies GPU holders as high or low priority from the
+// label gpud.io/priority on their workload (a Docker container here; pods
+// later), and keeps the kernel gate's view of classified cgroups current.
+package priority
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/gpud/gpud/internal/occupancy"
+)
+
+// Labels workloads carry.
+const (
+	LabelPriority = "gpud.io/priority"
+	LabelTaskID   = "gpud.io/task-id"
+)
+
+// ErrBadLabel is returned for a priority label that is neither high nor low.
+var ErrBadLabel = errors.New("priority: malformed gpud.io/priority label")
+
+// ParseLabel reads a gpud.io/priority value. ok is false when the label is
+// absent (v == "" and present == false).
+func ParseLabel(v string) (occupancy.Priority, error) {
+	switch strings.TrimSpace(v) {
+	case "high":
+		return occupancy.High, nil
+	case "low":
+		return occupancy.Low, nil
+	}
+	if len(v) > 64 {
+		v = v[:64] + "…"
+	}
+	return "", fmt.Errorf("%w: %q (want high or low)", ErrBadLabel, v)
+}
+
+// ParseDefault reads a --default-priority value.
+func ParseDefault(v string) (occupancy.Priority, error) {
+	switch occupancy.Priority(v) {
+	case occupancy.High, occupancy.Low, occupancy.Unmanaged:
+		return occupancy.Priority(v), nil
+	}
+	return "", fmt.Errorf("priority: default %q: want high, low or unmanaged", v)
+}
+
+// Workload is one classified container.
+type Workload struct {
+	ContainerID string
+	Name        string
+	TaskID      string // gpud.io/task-id, else the container name
+	Priority    occupancy.Priority
+	CgroupID    uint64 // cgroup v2 id of the container, 0 until known
+}
+
+// Registry is the set of known workloads. Sources (the Docker watcher,
+// tests) put workloads in; the tracker classifies holders from it; the
+// OnChange hook keeps the kernel's cgroup map in step.
+type Registry struct {
+	Default occupancy.Priority // for workloads without the label
+	Log     *slog.Logger
+	// OnChange is called for each cgroup whose class changed: prio is
+	// occupancy.High or occupancy.Low, or "" when it is no longer classified.
+	OnChange func(cgroupID uint64, prio occupancy.Priority)
+
+	MalformedSeen atomic.Uint64 // malformed labels seen (each container once)
+
+	mu          sync.Mutex
+	byContainer map[string]Workload
+	byCgroup    map[uint64]Workload
+	malformed   map[string]bool
+}
+
+// Classify returns the workload's class from its labels, reporting a
+// malformed label once per container.
+func (r *Registry) Classify(containerID string, labels map[string]string) occupancy.Priority {
+	v, ok := labels[LabelPriority]
+	if !ok {
+		return r.def()
+	}
+	p, err := ParseLabel(v)
+	if err == nil {
+		return p
+	}
+	r.mu.Lock()
+	if r.malformed == nil {
+		r.malformed = map[string]bool{}
+	}
+	first := !r.malformed[containerID]
+	r.malformed[containerID] = true
+	r.mu.Unlock()
+	if first {
+		r.MalformedSeen.Add(1)
+		if r.Log != nil {
+			r.Log.Warn("malformed priority label: using the default", "container_id", containerID,
+				"error", err, "default", r.def())
+		}
+	}
+	return r.def()
+}
+
+func (r *Registry) def() occupancy.Priority {
+	if r.Default == "" {
+		return occupancy.Unmanaged
+	}
+	return r.Default
+}
+
+// Put adds or updates a workload.
+func (r *Registry) Put(w Workload) {
+	r.mu.Lock()
+	if r.byContainer == nil {
+		r.byContainer, r.byCgroup = map[string]Workload{}, map[uint64]Workload{}
+	}
+	old, had := r.byContainer[w.ContainerID]
+	if w.ContainerID != "" {
+		r.byContainer[w.ContainerID] = w
+	}
+	if had && old.CgroupID != 0 && old.CgroupID != w.CgroupID {
+		delete(r.byCgroup, old.CgroupID)
+	}
+	if w.CgroupID != 0 {
+		r.byCgroup[w.CgroupID] = w
+	}
+	r.mu.Unlock()
+	if r.OnChange == nil {
+		return
+	}
+	if had && old.CgroupID != 0 && old.CgroupID != w.CgroupID {
+		r.OnChange(old.CgroupID, "")
+	}
+	if w.CgroupID != 0 {
+		r.OnChange(w.CgroupID, gateClass(w.Priority))
+	}
+}
+
+// gateClass is what the kernel gate is told: only high and low are enforced.
+func gateClass(p occupancy.Priority) occupancy.Priority {
+	if p == occupancy.High || p == occupancy.Low {
+		return p
+	}
+	return ""
+}
+
+// Remove forgets a container.
+func (r *Registry) Remove(containerID string) {
+	r.mu.Lock()
+	w, ok := r.byContainer[containerID]
+	delete(r.byContainer, containerID)
+	delete(r.malformed, containerID)
+	if ok && w.CgroupID != 0 {
+		delete(r.byCgroup, w.CgroupID)
+	}
+	r.mu.Unlock()
+	if ok && w.CgroupID != 0 && r.OnChange != nil {
+		r.OnChange(w.CgroupID, "")
+	}
+}
+
+// Lookup returns the workload a process belongs to: by container id, else by
+// cgroup id.
+func (r *Registry) Lookup(info occupancy.ProcInfo) (Workload, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if info.ContainerID != "" {
+		if w, ok := r.byContainer[info.ContainerID]; ok {
+			return w, true
+		}
+	}
+	if info.CgroupID != 0 {
+		if w, ok := r.byCgroup[info.CgroupID]; ok {
+			return w, true
+		}
+	}
+	return Workload{}, false
+}
+
+// ClassifyProc sets a holder's priority: its workload's class; a process
+// in an unknown container gets the default; host processes (no container)
+// are unmanaged.
+func (r *Registry) ClassifyProc(info *occupancy.ProcInfo) {
+	if w, ok := r.Lookup(*info); ok {
+		info.Priority = w.Priority
+		return
+	}
+	if info.ContainerID != "" {
+		info.Priority = r.def()
+		return
+	}
+	info.Priority = occupancy.Unmanaged
+}
+
+// Workloads returns every known workload.
+func (r *Registry) Workloads() []Workload {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]Workload, 0, len(r.byContainer))
+	for _, w := range r.byContainer {
+		out = append(out, w)
+	}
+	for id, w := range r.byCgroup {
+		if w.ContainerID == "" {
+			w.CgroupID = id
+			out = append(out, w)
+		}
+	}
+	return out
+}
