@@ -45,6 +45,7 @@ type env struct {
 	d     *daemon.Daemon
 	logs  *syncBuffer
 	truth *occupancy.ProcFS
+	stop  func()
 }
 
 // newEnv makes fake GPUs and a config; start() starts the daemon.
@@ -66,6 +67,18 @@ func newEnv(t *testing.T) *env {
 
 func (e *env) start() {
 	e.t.Helper()
+	e.stop = e.startDaemon()
+}
+
+// restart stops the running daemon and starts a new one on the same state.
+func (e *env) restart() {
+	e.t.Helper()
+	e.stop()
+	e.stop = e.startDaemon()
+}
+
+func (e *env) startDaemon() func() {
+	e.t.Helper()
 	log := slog.New(slog.NewJSONHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	d, err := daemon.New(e.cfg, log)
 	if err != nil {
@@ -75,12 +88,19 @@ func (e *env) start() {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- d.Run(ctx) }()
-	e.t.Cleanup(func() {
+	stopped := false
+	stop := func() {
+		if stopped {
+			return
+		}
+		stopped = true
 		cancel()
 		if err := <-done; err != nil {
 			e.t.Errorf("daemon: %v", err)
 		}
-	})
+	}
+	e.t.Cleanup(stop)
+	return stop
 }
 
 type table = map[int]map[int][]int32

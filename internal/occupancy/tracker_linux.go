@@ -141,8 +141,13 @@ func (t *Tracker) Identify(pid int, ev *bpf.Event) ProcInfo {
 	if info, ok := t.Ledger.Has(pid); ok {
 		return info
 	}
+	// A process the gate refused may hold nothing, so its exit is never
+	// reported: check that the cached identity is still this PID's.
 	if info, ok := t.cached(pid); ok {
-		return info
+		if st, err := StartTime(t.Proc.Root, pid); err == nil && st == info.StartTime {
+			return info
+		}
+		t.forget(pid)
 	}
 	info := t.identify(pid, ev)
 	if info.StartTime != 0 {
