@@ -384,6 +384,10 @@ func (d *Daemon) setupEnforcement(cgroupRoot string) error {
 		ProcRoot: "/proc", Grace: cfg.PreemptGrace, CheckpointRoot: cfg.CheckpointRoot,
 		Journal: j, Reclaimer: rc, Log: d.log,
 		Recorded: func(preempt.Record) { d.writer.Kick() },
+		Holds: func(pid, gpu int) bool {
+			fds, err := d.tracker.Proc.GPUFDs(pid)
+			return err == nil && len(fds[gpu]) > 0
+		},
 	}
 	ttl := cfg.ReservationTTL
 	if ttl == 0 {

@@ -39,7 +39,8 @@ type GPU struct {
 // ProcInfo identifies a process that holds GPU fds.
 type ProcInfo struct {
 	PID         int    // tgid
-	StartTime   uint64 // clock ticks since boot (/proc/<pid>/stat field 22): tells PID reuse apart
+	StartTime   uint64 // clock ticks since boot (/proc/<pid>/stat field 22): tells PID reuse apart, to the tick
+	PidfdIno    uint64 // inode of a pidfd of the process (pidfs, Linux ≥ 6.9): unique for ever; 0 when unknown
 	Comm        string
 	CgroupID    uint64
 	ContainerID string
@@ -166,7 +167,7 @@ func (l *Ledger) AddFD(info ProcInfo, gpu int, fd int32, at time.Time) {
 // process that had the same PID.
 func (l *Ledger) procFor(info ProcInfo) *proc {
 	p := l.procs[info.PID]
-	if p != nil && info.StartTime != 0 && p.info.StartTime != 0 && p.info.StartTime != info.StartTime {
+	if p != nil && !sameProcess(p.info, info) {
 		p = nil // PID reused: the old process is gone
 	}
 	if p == nil {
@@ -232,7 +233,7 @@ func (l *Ledger) SetProcess(pf ProcFDs, at time.Time) {
 
 func (l *Ledger) setProcessLocked(pf ProcFDs, at time.Time) bool {
 	old := l.procs[pf.Info.PID]
-	if old != nil && pf.Info.StartTime != 0 && old.info.StartTime != 0 && old.info.StartTime != pf.Info.StartTime {
+	if old != nil && !sameProcess(old.info, pf.Info) {
 		old = nil
 	}
 	holds := map[int]*hold{}
@@ -270,6 +271,18 @@ func (l *Ledger) setProcessLocked(pf ProcFDs, at time.Time) bool {
 		info.Comm = old.info.Comm
 	}
 	l.procs[pf.Info.PID] = &proc{info: info, holds: holds}
+	return true
+}
+
+// sameProcess tells whether two identities with one PID can be the same
+// process; unknown fields (0) do not tell them apart.
+func sameProcess(a, b ProcInfo) bool {
+	if a.StartTime != 0 && b.StartTime != 0 && a.StartTime != b.StartTime {
+		return false
+	}
+	if a.PidfdIno != 0 && b.PidfdIno != 0 && a.PidfdIno != b.PidfdIno {
+		return false
+	}
 	return true
 }
 

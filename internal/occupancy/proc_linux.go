@@ -81,6 +81,9 @@ func (p *ProcFS) Info(pid int) (ProcInfo, error) {
 		return info, fmt.Errorf("occupancy: /proc/%d/stat: %w", pid, err)
 	}
 	info.Comm, info.StartTime = comm, start
+	if p.Root == "/proc" {
+		info.PidfdIno = PidfdIno(pid)
+	}
 	cg, err := os.ReadFile(filepath.Join(base, "cgroup"))
 	if err != nil {
 		return info, fmt.Errorf("%w: %d: %v", ErrNoProcess, pid, err)
@@ -176,3 +179,30 @@ func (p *ProcFS) Comm(pid int) (string, bool) {
 	}
 	return strings.TrimSuffix(string(b), "\n"), true
 }
+
+// PidfdIno returns the inode number of a pidfd of pid: on pidfs (Linux ≥
+// 6.9) it names the process uniquely for the life of the system, where a
+// PID and even a start time (in clock ticks) can be reused. 0 when unknown.
+func PidfdIno(pid int) uint64 {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return 0
+	}
+	defer unix.Close(fd)
+	return PidfdInoOf(fd)
+}
+
+// PidfdInoOf is PidfdIno for an open pidfd.
+func PidfdInoOf(pidfd int) uint64 {
+	var st unix.Stat_t
+	if err := unix.Fstat(pidfd, &st); err != nil {
+		return 0
+	}
+	var fs unix.Statfs_t
+	if err := unix.Fstatfs(pidfd, &fs); err != nil || fs.Type != pidfsMagic {
+		return 0 // anon inode (before pidfs): the same inode for every pidfd
+	}
+	return st.Ino
+}
+
+const pidfsMagic = 0x50494446 // PID_FS_MAGIC, "PIDF"

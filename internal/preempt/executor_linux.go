@@ -26,6 +26,9 @@ type Executor struct {
 	Journal        *Journal
 	Reclaimer      *Reclaimer
 	Log            *slog.Logger
+	// Holds, when set, tells whether pid holds gpu now; a victim that no
+	// longer does is not killed (it closed, or its PID names another process).
+	Holds func(pid, gpu int) bool
 	// Recorded, when set, is called after each record is journaled.
 	Recorded func(Record)
 
@@ -123,7 +126,16 @@ func (e *Executor) kill(ctx context.Context, gpu int, rule string, preemptor Par
 			e.log().Warn("writing checkpoint notice", "task_id", v.TaskID, "error", err)
 		}
 	}
-	sig, err := Kill(e.ProcRoot, v.ProcInfo, e.Grace)
+	var verify []func(int) error
+	if e.Holds != nil {
+		verify = append(verify, func(pid int) error {
+			if !e.Holds(pid, gpu) {
+				return errors.New("does not hold the GPU")
+			}
+			return nil
+		})
+	}
+	sig, err := Kill(e.ProcRoot, v.ProcInfo, e.Grace, verify...)
 	rec.Signal = sig
 	rec.LatencyMS = float64(time.Since(decided).Microseconds()) / 1000
 	switch {

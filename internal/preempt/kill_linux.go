@@ -24,12 +24,15 @@ var (
 )
 
 // Kill ends one process through a pidfd, never a bare PID: the pidfd is
-// opened first, the process's start time is checked against the victim's
-// (so a reused PID is never signalled), and the signals go to the pidfd,
-// which keeps naming the same process even if the PID is reused later.
-// With grace > 0 it sends SIGTERM and waits that long before SIGKILL. It
-// returns once the process is confirmed dead (the pidfd turns readable).
-func Kill(procRoot string, v occupancy.ProcInfo, grace time.Duration) (signal string, err error) {
+// opened first, then the process behind it is checked to be the victim —
+// its pidfs inode (unique for ever) when the kernel has pidfs, and its start
+// time, and verify when given (the executor checks that it still holds the
+// GPU in the same cgroup) — so a reused PID is never signalled; the signals
+// go to the pidfd, which keeps naming the same process even if the PID is
+// reused later. With grace > 0 it sends SIGTERM and waits that long before
+// SIGKILL. It returns once the process is confirmed dead (the pidfd turns
+// readable).
+func Kill(procRoot string, v occupancy.ProcInfo, grace time.Duration, verify ...func(pid int) error) (signal string, err error) {
 	if v.StartTime == 0 {
 		return "", ErrUnknownIdentity
 	}
@@ -47,6 +50,14 @@ func Kill(procRoot string, v occupancy.ProcInfo, grace time.Duration) (signal st
 	}
 	if start != v.StartTime {
 		return "", ErrNotSameProcess
+	}
+	if v.PidfdIno != 0 && occupancy.PidfdInoOf(pidfd) != v.PidfdIno {
+		return "", ErrNotSameProcess
+	}
+	for _, f := range verify {
+		if err := f(v.PID); err != nil {
+			return "", fmt.Errorf("%w: %w", ErrNotSameProcess, err)
+		}
 	}
 	if grace > 0 {
 		if err := unix.PidfdSendSignal(pidfd, unix.SIGTERM, nil, 0); err != nil {
