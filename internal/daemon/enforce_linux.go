@@ -27,7 +27,14 @@ type enforcer struct {
 	reserved map[int]waiter   // GPU → the waiter it is reserved for
 	until    map[int]uint64   // GPU → reservation end, CLOCK_MONOTONIC
 	last     map[int]bpf.GPUPolicy
+	lastConf map[int]uint64 // GPU → when the gate was last told "confirmed up to"
 }
+
+// confirmEvery bounds how often an unchanged policy is re-confirmed to the
+// gate (two map writes): under a churn of opens the ring buffer drains
+// constantly. A stale confirmation only keeps refusing low opens for at
+// most this long after a high-priority open's mark.
+const confirmEvery = uint64(time.Millisecond)
 
 type waiter struct {
 	cgroupID    uint64
@@ -37,7 +44,8 @@ type waiter struct {
 
 func newEnforcer(d *Daemon, reg *priority.Registry, exec *preempt.Executor, ttl time.Duration) *enforcer {
 	return &enforcer{d: d, reg: reg, exec: exec, ttl: ttl, ctx: context.Background(),
-		waiters: map[int][]waiter{}, reserved: map[int]waiter{}, until: map[int]uint64{}, last: map[int]bpf.GPUPolicy{}}
+		waiters: map[int][]waiter{}, reserved: map[int]waiter{}, until: map[int]uint64{}, last: map[int]bpf.GPUPolicy{},
+		lastConf: map[int]uint64{}}
 }
 
 func party(info occupancy.ProcInfo, taskID string) preempt.Party {
@@ -172,10 +180,14 @@ func (e *enforcer) sync(mono uint64) {
 		if r, ok := e.reserved[gpu]; ok {
 			p.ReservedCgroup, p.ReservedUntil = r.cgroupID, e.until[gpu]
 		}
+		if last, ok := e.last[gpu]; ok && last == p && mono-e.lastConf[gpu] < confirmEvery {
+			continue
+		}
 		if err := e.d.mon.SetGPUPolicy(uint32(gpu), p, mono); err != nil {
 			e.d.log.Error("updating the gate", "gpu", gpu, "error", err)
+			continue
 		}
-		e.last[gpu] = p
+		e.last[gpu], e.lastConf[gpu] = p, mono
 	}
 }
 

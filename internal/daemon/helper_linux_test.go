@@ -128,6 +128,54 @@ func helperCmd(f []string) (string, error) {
 			n += 256
 		}
 		return strconv.Itoa(n), nil
+	case "lowrace": // lowrace PATH N OUT: N open attempts; successes' [start end] to OUT
+		out, err := os.Create(f[3])
+		if err != nil {
+			return "", err
+		}
+		defer out.Close()
+		w := bufio.NewWriter(out)
+		ok, denied := 0, 0
+		for i := 0; i < atoi(f[2]); i++ {
+			t0 := monoNow()
+			fd, err := unix.Open(f[1], unix.O_RDWR|unix.O_CLOEXEC, 0)
+			t1 := monoNow()
+			if err != nil {
+				if err != unix.EPERM {
+					return "", err
+				}
+				denied++
+				continue
+			}
+			unix.Close(fd)
+			ok++
+			fmt.Fprintf(w, "%d %d\n", t0, t1)
+		}
+		return fmt.Sprintf("%d %d", ok, denied), w.Flush()
+	case "highrace": // highrace PATH MILLIS OUT: hold/release loop; holding [open returned, close called] to OUT
+		out, err := os.Create(f[3])
+		if err != nil {
+			return "", err
+		}
+		defer out.Close()
+		w := bufio.NewWriter(out)
+		deadline := time.Now().Add(time.Duration(atoi(f[2])) * time.Millisecond)
+		n := 0
+		for i := 0; time.Now().Before(deadline); i++ {
+			fd, err := unix.Open(f[1], unix.O_RDWR|unix.O_CLOEXEC, 0)
+			if err != nil {
+				return "", err
+			}
+			c := monoNow()
+			for monoNow()-c < uint64(i%7)*30000 { // hold 0-180 µs
+			}
+			d := monoNow()
+			unix.Close(fd)
+			fmt.Fprintf(w, "%d %d\n", c, d)
+			n++
+			time.Sleep(time.Duration(i%5) * 400 * time.Microsecond)
+		}
+		return strconv.Itoa(n), w.Flush()
 	case "exec": // replace this process with sleep; non-CLOEXEC fds survive
 		return "", syscall.Exec("/bin/sleep", []string{"sleep", "600"}, os.Environ())
 	case "exit":
