@@ -2,6 +2,7 @@
 package status
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"strings"
@@ -41,10 +42,72 @@ func Render(w io.Writer, f *occupancy.StateFile, now time.Time) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	if len(f.Preemptions) > 0 {
-		fmt.Fprintf(w, "\n%d recent preemption(s): gpud status -o json for details\n", len(f.Preemptions))
+	return renderPreemptions(w, f.Preemptions, now)
+}
+
+// preemption is the part of a preemption record the table shows.
+type preemption struct {
+	Time   time.Time `json:"time"`
+	GPU    int       `json:"gpu"`
+	Action string    `json:"action"`
+	Victim struct {
+		PID         int    `json:"pid"`
+		ContainerID string `json:"container_id"`
+		PodUID      string `json:"pod_uid"`
+	} `json:"victim"`
+	Preemptor struct {
+		PID         int    `json:"pid"`
+		ContainerID string `json:"container_id"`
+		PodUID      string `json:"pod_uid"`
+	} `json:"preemptor"`
+	LatencyMS float64 `json:"latency_ms"`
+	Result    string  `json:"result"`
+}
+
+// renderPreemptions shows the last few preemptions, newest first.
+func renderPreemptions(w io.Writer, raw []occupancy.Preemption, now time.Time) error {
+	if len(raw) == 0 {
+		return nil
 	}
-	return nil
+	const show = 5
+	fmt.Fprintf(w, "\nLAST PREEMPTIONS (%d recorded; -o json for all)\n", len(raw))
+	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
+	fmt.Fprintln(tw, "AGO\tGPU\tACTION\tVICTIM\tBY\tMS\tRESULT")
+	for i := len(raw) - 1; i >= 0 && i >= len(raw)-show; i-- {
+		var p preemption
+		if err := json.Unmarshal(raw[i], &p); err != nil {
+			fmt.Fprintf(tw, "-\t-\t(unreadable record)\t\t\t\t\n")
+			continue
+		}
+		ms := "-"
+		if p.LatencyMS > 0 {
+			ms = fmt.Sprintf("%.1f", p.LatencyMS)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\n", ago(now, p.Time), p.GPU, p.Action,
+			party(p.Victim.PID, p.Victim.ContainerID, p.Victim.PodUID),
+			party(p.Preemptor.PID, p.Preemptor.ContainerID, p.Preemptor.PodUID), ms, trunc(p.Result, 12))
+	}
+	return tw.Flush()
+}
+
+func party(pid int, ctr, pod string) string {
+	var s string
+	switch {
+	case pod != "":
+		s = "pod/" + trunc(pod, 8)
+	case ctr != "":
+		s = "ctr/" + trunc(ctr, 8)
+	}
+	if pid > 0 {
+		if s != "" {
+			s += " "
+		}
+		s += fmt.Sprint(pid)
+	}
+	if s == "" {
+		return "-"
+	}
+	return s
 }
 
 func workload(h occupancy.StateHolder) string {

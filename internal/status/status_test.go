@@ -149,8 +149,30 @@ func TestRenderEdgeCases(t *testing.T) {
 	if got := strings.Join(strings.Fields(lines[3]), "|"); got != "3|idle|9|x|host|1|0s" {
 		t.Errorf("row = %q", lines[3])
 	}
-	if !strings.Contains(out, "\n2 recent preemption(s)") {
-		t.Errorf("no preemptions line:\n%s", out)
+	if !strings.Contains(out, "\nLAST PREEMPTIONS (2 recorded") {
+		t.Errorf("no preemptions section:\n%s", out)
+	}
+}
+
+func TestRenderPreemptions(t *testing.T) {
+	rec := `{"time":"` + now.Add(-90*time.Second).Format(time.RFC3339Nano) + `","gpu":1,"action":"kill",` +
+		`"victim":{"pid":4242,"container_id":"0123456789abcdef0123"},"preemptor":{"pid":77,"pod_uid":"aaaabbbb-cccc"},` +
+		`"latency_ms":1.84,"result":"done"}`
+	f := &occupancy.StateFile{Version: 1, Monitoring: true, Preemptions: []occupancy.Preemption{json.RawMessage(rec), json.RawMessage(`not json`)}}
+	out := render(t, f)
+	for _, want := range []string{"(unreadable record)", "1m30s", "kill", "ctr/01234567 4242", "pod/aaaabbbb 77", "1.8", "done"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("missing %q in:\n%s", want, out)
+		}
+	}
+	// newest first: the unreadable (last) record comes before the kill
+	if strings.Index(out, "unreadable") > strings.Index(out, "kill") {
+		t.Errorf("not newest first:\n%s", out)
+	}
+	for _, l := range strings.Split(out, "\n") {
+		if len([]rune(l)) > 80 {
+			t.Errorf("line over 80 columns: %q", l)
+		}
 	}
 }
 
