@@ -291,15 +291,6 @@ static __always_inline int on_open_exit(long ret)
 	return 0;
 }
 
-SEC("tracepoint/syscalls/sys_exit_openat")
-int exit_openat(struct sys_exit_ctx *ctx) { return on_open_exit(ctx->ret); }
-
-SEC("tracepoint/syscalls/sys_exit_open")
-int exit_open(struct sys_exit_ctx *ctx) { return on_open_exit(ctx->ret); }
-
-SEC("tracepoint/syscalls/sys_exit_openat2")
-int exit_openat2(struct sys_exit_ctx *ctx) { return on_open_exit(ctx->ret); }
-
 // A new fd that may alias a GPU fd: dup, fcntl(F_DUPFD*), pidfd_getfd. The
 // return value is the new fd (for fcntl's other commands it is not an fd, and
 // checking it as one can only find a GPU fd that really is open).
@@ -321,15 +312,6 @@ static __always_inline int on_new_fd(long ret, int holders_only)
 	return 0;
 }
 
-SEC("tracepoint/syscalls/sys_exit_dup")
-int exit_dup(struct sys_exit_ctx *ctx) { return on_new_fd(ctx->ret, 1); }
-
-SEC("tracepoint/syscalls/sys_exit_fcntl")
-int exit_fcntl(struct sys_exit_ctx *ctx) { return on_new_fd(ctx->ret, 1); }
-
-SEC("tracepoint/syscalls/sys_exit_pidfd_getfd")
-int exit_pidfd_getfd(struct sys_exit_ctx *ctx) { return on_new_fd(ctx->ret, 0); }
-
 // dup2/dup3/close_range can replace or close several fds at once: ask user
 // space to reconcile the process from /proc/<pid>/fd.
 static __always_inline int resync_holder(long ret)
@@ -344,17 +326,7 @@ static __always_inline int resync_holder(long ret)
 	return 0;
 }
 
-SEC("tracepoint/syscalls/sys_exit_dup2")
-int exit_dup2(struct sys_exit_ctx *ctx) { return resync_holder(ctx->ret); }
-
-SEC("tracepoint/syscalls/sys_exit_dup3")
-int exit_dup3(struct sys_exit_ctx *ctx) { return resync_holder(ctx->ret); }
-
-SEC("tracepoint/syscalls/sys_exit_close_range")
-int exit_close_range(struct sys_exit_ctx *ctx) { return resync_holder(ctx->ret); }
-
-SEC("tracepoint/syscalls/sys_enter_close")
-int enter_close(struct sys_enter_fd_ctx *ctx)
+static __always_inline int enter_close(unsigned long fd_arg)
 {
 	if (!monitoring)
 		return 0;
@@ -362,7 +334,7 @@ int enter_close(struct sys_enter_fd_ctx *ctx)
 	__u32 tgid = id >> 32;
 	if (!bpf_map_lookup_elem(&holders, &tgid))
 		return 0;
-	long fd = (long)(int)ctx->fd;
+	long fd = (long)(int)fd_arg;
 	int gpu = fd_gpu((struct task_struct *)bpf_get_current_task(), fd);
 	if (gpu < 0 || is_consumer(tgid))
 		return 0;
@@ -373,8 +345,7 @@ int enter_close(struct sys_enter_fd_ctx *ctx)
 // fds passed over unix sockets (SCM_RIGHTS): a holder sending control data
 // arms a window during which any recvmsg that receives control data asks for a
 // reconciliation of the receiver.
-SEC("tracepoint/syscalls/sys_enter_sendmsg")
-int enter_sendmsg(struct sys_enter_msg_ctx *ctx)
+static __always_inline int enter_sendmsg(void *msgp)
 {
 	if (!monitoring)
 		return 0;
@@ -382,7 +353,7 @@ int enter_sendmsg(struct sys_enter_msg_ctx *ctx)
 	if (!bpf_map_lookup_elem(&holders, &tgid))
 		return 0;
 	__u64 controllen = 0;
-	if (bpf_probe_read_user(&controllen, sizeof(controllen), (void *)ctx->msg + USER_MSGHDR_CONTROLLEN_OFF))
+	if (bpf_probe_read_user(&controllen, sizeof(controllen), msgp + USER_MSGHDR_CONTROLLEN_OFF))
 		return 0;
 	if (controllen == 0)
 		return 0;
@@ -390,19 +361,17 @@ int enter_sendmsg(struct sys_enter_msg_ctx *ctx)
 	return 0;
 }
 
-SEC("tracepoint/syscalls/sys_enter_recvmsg")
-int enter_recvmsg(struct sys_enter_msg_ctx *ctx)
+static __always_inline int enter_recvmsg(void *msgp)
 {
 	if (scm_armed_until == 0 || bpf_ktime_get_ns() > scm_armed_until)
 		return 0;
 	__u64 id = bpf_get_current_pid_tgid();
-	__u64 msg = (__u64)ctx->msg;
+	__u64 msg = (__u64)msgp;
 	bpf_map_update_elem(&recv_msgs, &id, &msg, BPF_ANY);
 	return 0;
 }
 
-SEC("tracepoint/syscalls/sys_exit_recvmsg")
-int exit_recvmsg(struct sys_exit_ctx *ctx)
+static __always_inline int exit_recvmsg(long ret)
 {
 	// A recvmsg that started inside the window may end well after it.
 	if (scm_armed_until == 0 || bpf_ktime_get_ns() > scm_armed_until + SCM_WINDOW_NS * 6)
@@ -413,7 +382,7 @@ int exit_recvmsg(struct sys_exit_ctx *ctx)
 		return 0;
 	__u64 ptr = *msg;
 	bpf_map_delete_elem(&recv_msgs, &id);
-	if (ctx->ret < 0 || !monitoring)
+	if (ret < 0 || !monitoring)
 		return 0;
 	__u64 controllen = 0;
 	if (bpf_probe_read_user(&controllen, sizeof(controllen), (void *)ptr + USER_MSGHDR_CONTROLLEN_OFF))
@@ -423,6 +392,53 @@ int exit_recvmsg(struct sys_exit_ctx *ctx)
 		return 0;
 	mark_holder(tgid);
 	emit(EV_RESYNC, (__u32)id, tgid, 0, -1, -1);
+	return 0;
+}
+
+// ----------------------------------------------------------------------------
+// The syscall observers: two BTF raw tracepoints for every syscall, which
+// return after reading the syscall number unless it is one of ours. Classic
+// per-syscall tracepoints would cost a perf buffer and an argument copy on
+// every open and close of every file; this costs a compare.
+
+SEC("tp_btf/sys_enter")
+int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id)
+{
+	switch (id) {
+	case NR_close:
+		return enter_close(SYSCALL_ARG1(regs));
+	case NR_sendmsg:
+		return enter_sendmsg((void *)SYSCALL_ARG2(regs));
+	case NR_recvmsg:
+		return enter_recvmsg((void *)SYSCALL_ARG2(regs));
+	}
+	return 0;
+}
+
+SEC("tp_btf/sys_exit")
+int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
+{
+	switch (SYSCALL_NR(regs)) {
+	case NR_openat:
+	case NR_openat2:
+#ifdef NR_open
+	case NR_open:
+#endif
+		return on_open_exit(ret);
+	case NR_dup:
+	case NR_fcntl:
+		return on_new_fd(ret, 1);
+	case NR_pidfd_getfd:
+		return on_new_fd(ret, 0);
+#ifdef NR_dup2
+	case NR_dup2:
+#endif
+	case NR_dup3:
+	case NR_close_range:
+		return resync_holder(ret);
+	case NR_recvmsg:
+		return exit_recvmsg(ret);
+	}
 	return 0;
 }
 

@@ -47,23 +47,12 @@ const (
 	gpudMapHolders         = "holders"
 	gpudMapPending         = "pending"
 	gpudMapRecvMsgs        = "recv_msgs"
-	gpudProgEnterClose     = "enter_close"
-	gpudProgEnterRecvmsg   = "enter_recvmsg"
-	gpudProgEnterSendmsg   = "enter_sendmsg"
-	gpudProgExitCloseRange = "exit_close_range"
-	gpudProgExitDup        = "exit_dup"
-	gpudProgExitDup2       = "exit_dup2"
-	gpudProgExitDup3       = "exit_dup3"
-	gpudProgExitFcntl      = "exit_fcntl"
-	gpudProgExitOpen       = "exit_open"
-	gpudProgExitOpenat     = "exit_openat"
-	gpudProgExitOpenat2    = "exit_openat2"
-	gpudProgExitPidfdGetfd = "exit_pidfd_getfd"
-	gpudProgExitRecvmsg    = "exit_recvmsg"
 	gpudProgGpudGate       = "gpud_gate"
 	gpudProgOnExec         = "on_exec"
 	gpudProgOnExit         = "on_exit"
 	gpudProgOnFork         = "on_fork"
+	gpudProgOnSysEnter     = "on_sys_enter"
+	gpudProgOnSysExit      = "on_sys_exit"
 	gpudVarConsumerCgroup  = "consumer_cgroup"
 	gpudVarConsumerTgid    = "consumer_tgid"
 	gpudVarDropped         = "dropped"
@@ -118,23 +107,12 @@ type gpudSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type gpudProgramSpecs struct {
-	EnterClose     *ebpf.ProgramSpec `ebpf:"enter_close"`
-	EnterRecvmsg   *ebpf.ProgramSpec `ebpf:"enter_recvmsg"`
-	EnterSendmsg   *ebpf.ProgramSpec `ebpf:"enter_sendmsg"`
-	ExitCloseRange *ebpf.ProgramSpec `ebpf:"exit_close_range"`
-	ExitDup        *ebpf.ProgramSpec `ebpf:"exit_dup"`
-	ExitDup2       *ebpf.ProgramSpec `ebpf:"exit_dup2"`
-	ExitDup3       *ebpf.ProgramSpec `ebpf:"exit_dup3"`
-	ExitFcntl      *ebpf.ProgramSpec `ebpf:"exit_fcntl"`
-	ExitOpen       *ebpf.ProgramSpec `ebpf:"exit_open"`
-	ExitOpenat     *ebpf.ProgramSpec `ebpf:"exit_openat"`
-	ExitOpenat2    *ebpf.ProgramSpec `ebpf:"exit_openat2"`
-	ExitPidfdGetfd *ebpf.ProgramSpec `ebpf:"exit_pidfd_getfd"`
-	ExitRecvmsg    *ebpf.ProgramSpec `ebpf:"exit_recvmsg"`
-	GpudGate       *ebpf.ProgramSpec `ebpf:"gpud_gate"`
-	OnExec         *ebpf.ProgramSpec `ebpf:"on_exec"`
-	OnExit         *ebpf.ProgramSpec `ebpf:"on_exit"`
-	OnFork         *ebpf.ProgramSpec `ebpf:"on_fork"`
+	GpudGate   *ebpf.ProgramSpec `ebpf:"gpud_gate"`
+	OnExec     *ebpf.ProgramSpec `ebpf:"on_exec"`
+	OnExit     *ebpf.ProgramSpec `ebpf:"on_exit"`
+	OnFork     *ebpf.ProgramSpec `ebpf:"on_fork"`
+	OnSysEnter *ebpf.ProgramSpec `ebpf:"on_sys_enter"`
+	OnSysExit  *ebpf.ProgramSpec `ebpf:"on_sys_exit"`
 }
 
 // gpudMapSpecs contains maps before they are loaded into the kernel.
@@ -233,44 +211,22 @@ type gpudVariables struct {
 //
 // It can be passed to loadGpudObjects or ebpf.CollectionSpec.LoadAndAssign.
 type gpudPrograms struct {
-	EnterClose     *ebpf.Program `ebpf:"enter_close"`
-	EnterRecvmsg   *ebpf.Program `ebpf:"enter_recvmsg"`
-	EnterSendmsg   *ebpf.Program `ebpf:"enter_sendmsg"`
-	ExitCloseRange *ebpf.Program `ebpf:"exit_close_range"`
-	ExitDup        *ebpf.Program `ebpf:"exit_dup"`
-	ExitDup2       *ebpf.Program `ebpf:"exit_dup2"`
-	ExitDup3       *ebpf.Program `ebpf:"exit_dup3"`
-	ExitFcntl      *ebpf.Program `ebpf:"exit_fcntl"`
-	ExitOpen       *ebpf.Program `ebpf:"exit_open"`
-	ExitOpenat     *ebpf.Program `ebpf:"exit_openat"`
-	ExitOpenat2    *ebpf.Program `ebpf:"exit_openat2"`
-	ExitPidfdGetfd *ebpf.Program `ebpf:"exit_pidfd_getfd"`
-	ExitRecvmsg    *ebpf.Program `ebpf:"exit_recvmsg"`
-	GpudGate       *ebpf.Program `ebpf:"gpud_gate"`
-	OnExec         *ebpf.Program `ebpf:"on_exec"`
-	OnExit         *ebpf.Program `ebpf:"on_exit"`
-	OnFork         *ebpf.Program `ebpf:"on_fork"`
+	GpudGate   *ebpf.Program `ebpf:"gpud_gate"`
+	OnExec     *ebpf.Program `ebpf:"on_exec"`
+	OnExit     *ebpf.Program `ebpf:"on_exit"`
+	OnFork     *ebpf.Program `ebpf:"on_fork"`
+	OnSysEnter *ebpf.Program `ebpf:"on_sys_enter"`
+	OnSysExit  *ebpf.Program `ebpf:"on_sys_exit"`
 }
 
 func (p *gpudPrograms) Close() error {
 	return _GpudClose(
-		p.EnterClose,
-		p.EnterRecvmsg,
-		p.EnterSendmsg,
-		p.ExitCloseRange,
-		p.ExitDup,
-		p.ExitDup2,
-		p.ExitDup3,
-		p.ExitFcntl,
-		p.ExitOpen,
-		p.ExitOpenat,
-		p.ExitOpenat2,
-		p.ExitPidfdGetfd,
-		p.ExitRecvmsg,
 		p.GpudGate,
 		p.OnExec,
 		p.OnExit,
 		p.OnFork,
+		p.OnSysEnter,
+		p.OnSysExit,
 	)
 }
 

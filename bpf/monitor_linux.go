@@ -3,7 +3,6 @@ package bpf
 import (
 	"errors"
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -33,7 +32,8 @@ type Monitor struct {
 }
 
 // Load loads gpud's programs into the kernel and attaches them: the
-// tracepoint observers and the cgroup/dev program at opts.CgroupRoot.
+// BTF tracepoint observers (sys_enter/sys_exit, fork/exec/exit) and the
+// cgroup/dev program at opts.CgroupRoot.
 // Nothing is reported until SetGPUs names the GPU device numbers.
 func Load(opts Options) (*Monitor, error) {
 	if opts.CgroupRoot == "" {
@@ -41,9 +41,6 @@ func Load(opts Options) (*Monitor, error) {
 	}
 	if err := rlimit.RemoveMemlock(); err != nil {
 		return nil, fmt.Errorf("bpf: removing memlock limit: %w", err)
-	}
-	if err := ensureTracefs(); err != nil {
-		return nil, err
 	}
 	spec, err := loadGpud()
 	if err != nil {
@@ -74,35 +71,7 @@ func Load(opts Options) (*Monitor, error) {
 
 func (m *Monitor) attach(cgroupRoot string) error {
 	p := &m.objs.gpudPrograms
-	tps := []struct {
-		name string
-		prog *ebpf.Program
-	}{
-		{"sys_exit_openat", p.ExitOpenat},
-		{"sys_exit_open", p.ExitOpen},
-		{"sys_exit_openat2", p.ExitOpenat2},
-		{"sys_exit_dup", p.ExitDup},
-		{"sys_exit_dup2", p.ExitDup2},
-		{"sys_exit_dup3", p.ExitDup3},
-		{"sys_exit_fcntl", p.ExitFcntl},
-		{"sys_exit_pidfd_getfd", p.ExitPidfdGetfd},
-		{"sys_exit_close_range", p.ExitCloseRange},
-		{"sys_enter_close", p.EnterClose},
-		{"sys_enter_sendmsg", p.EnterSendmsg},
-		{"sys_enter_recvmsg", p.EnterRecvmsg},
-		{"sys_exit_recvmsg", p.ExitRecvmsg},
-	}
-	for _, tp := range tps {
-		l, err := link.Tracepoint("syscalls", tp.name, tp.prog, nil)
-		if err != nil {
-			if tp.name == "sys_exit_open" && errors.Is(err, os.ErrNotExist) {
-				continue // arm64 has no open(2)
-			}
-			return fmt.Errorf("bpf: attaching tracepoint syscalls/%s: %w", tp.name, err)
-		}
-		m.links = append(m.links, l)
-	}
-	for _, prog := range []*ebpf.Program{p.OnFork, p.OnExec, p.OnExit} {
+	for _, prog := range []*ebpf.Program{p.OnSysEnter, p.OnSysExit, p.OnFork, p.OnExec, p.OnExit} {
 		l, err := link.AttachTracing(link.TracingOptions{Program: prog})
 		if err != nil {
 			return fmt.Errorf("bpf: attaching %s: %w", prog, err)
@@ -116,20 +85,6 @@ func (m *Monitor) attach(cgroupRoot string) error {
 		return fmt.Errorf("bpf: attaching the device gate at %s: %w", cgroupRoot, err)
 	}
 	m.links = append(m.links, l)
-	return nil
-}
-
-// ensureTracefs mounts tracefs when it is not mounted: classic tracepoints
-// are found by their id under events/.
-func ensureTracefs() error {
-	for _, dir := range []string{"/sys/kernel/tracing", "/sys/kernel/debug/tracing"} {
-		if _, err := os.Stat(dir + "/events/syscalls"); err == nil {
-			return nil
-		}
-	}
-	if err := unix.Mount("tracefs", "/sys/kernel/tracing", "tracefs", 0, ""); err != nil {
-		return fmt.Errorf("bpf: mounting tracefs at /sys/kernel/tracing: %w", err)
-	}
 	return nil
 }
 

@@ -85,8 +85,15 @@ func (e *enforcer) gate(ev *bpf.Event) {
 		e.preempt(gpu, pre, victims, e.d.tracker.Wall(ev.Mono))
 	case bpf.EventDeny:
 		opener := e.d.tracker.Identify(int(ev.TGID), ev)
-		if opener.CgroupID == 0 || ev.CgroupID != 0 {
+		if ev.CgroupID != 0 {
 			opener.CgroupID = ev.CgroupID
+		}
+		if opener.ContainerID == "" {
+			// A refused opener often exits before /proc can be read: its
+			// cgroup (from the kernel) still names its container.
+			if w, ok := e.reg.Lookup(occupancy.ProcInfo{CgroupID: ev.CgroupID}); ok {
+				opener.ContainerID = w.ContainerID
+			}
 		}
 		if e.addWaiter(gpu, waiter{cgroupID: ev.CgroupID, containerID: opener.ContainerID, since: e.d.tracker.Wall(ev.Mono)}) {
 			v := preempt.Decide(preempt.Holding{High: true}, occupancy.Low)
