@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	cerrdefs "github.com/containerd/errdefs"
 	"log/slog"
 	"sync"
 	"time"
@@ -44,7 +45,7 @@ type DockerRuntime struct{ Client client.APIClient }
 func (d DockerRuntime) Stop(ctx context.Context, id string) error {
 	zero := 0 // the processes are already dead; nothing to wait for
 	err := d.Client.ContainerStop(ctx, id, container.StopOptions{Timeout: &zero})
-	if client.IsErrNotFound(err) {
+	if cerrdefs.IsNotFound(err) {
 		return ErrNotFound
 	}
 	return err
@@ -52,7 +53,7 @@ func (d DockerRuntime) Stop(ctx context.Context, id string) error {
 
 func (d DockerRuntime) Remove(ctx context.Context, id string) error {
 	err := d.Client.ContainerRemove(ctx, id, container.RemoveOptions{Force: true})
-	if client.IsErrNotFound(err) {
+	if cerrdefs.IsNotFound(err) {
 		return ErrNotFound
 	}
 	return err

@@ -3,6 +3,7 @@ package priority
 import (
 	"context"
 	"fmt"
+	cerrdefs "github.com/containerd/errdefs"
 	"log/slog"
 	"path/filepath"
 	"strings"
@@ -89,7 +90,7 @@ func (d *Docker) Refresh(ctx context.Context, id string) { d.refresh(ctx, id) }
 func (d *Docker) refresh(ctx context.Context, id string) {
 	c, err := d.Client.ContainerInspect(ctx, id)
 	if err != nil {
-		if client.IsErrNotFound(err) {
+		if cerrdefs.IsNotFound(err) {
 			d.Registry.Remove(id)
 			return
 		}
