@@ -82,6 +82,12 @@ cleanup() {
 	if [[ -n $CID ]]; then
 		timeout 20 docker rm -f "$CID" >/dev/null 2>&1
 	fi
+	if $DOCKER; then
+		local c
+		for c in $(timeout 10 docker ps -aq --filter "label=gpud-demo=$$" 2>/dev/null); do
+			timeout 20 docker rm -f "$c" >/dev/null 2>&1
+		done
+	fi
 	kill_demo_procs
 	if [[ -n $GPUD_PID ]]; then
 		kill -TERM "$GPUD_PID" 2>/dev/null
@@ -186,7 +192,7 @@ fi
 DEMO_PIDS+=($!)
 
 "$GPUD" run --dev-dir "$DEV" --state-file "$T/state.json" --control-socket "$T/gpud.sock" \
-	--state-dir "$T/lib" --idle-after "${IDLE_AFTER}s" --log-level info \
+	--state-dir "$T/lib" --checkpoint-root "$T/checkpoints" --idle-after "${IDLE_AFTER}s" --log-level info \
 	</dev/null >"$T/gpud.log" 2>&1 &
 GPUD_PID=$!
 for ((i = 0; i < 150; i++)); do
@@ -284,6 +290,33 @@ if [[ -n $CID ]]; then
 fi
 kill_demo_procs
 show
+
+if $DOCKER; then
+	# The priority rules: containers labelled gpud.io/priority=low|high.
+	prio_ctr() { # NAME PRIORITY → container id, once gpud has classified it
+		local id
+		id=$(docker run -d --network none --name "gpud-demo-$1-$$" --label "gpud-demo=$$" --label "gpud.io/priority=$2" \
+			--label "gpud.io/task-id=demo-$1" --device "$GPU0:/dev/nvidia0" "$IMAGE" \
+			sh -c "trap 'exit 0' TERM; sleep 600 & wait")
+		sleep 0.5 # gpud classifies it from Docker's start event
+		echo "$id"
+	}
+	LOW=$(prio_ctr train low)
+	docker exec -d "$LOW" sh -c 'exec 3<>/dev/nvidia0; exec sleep 600'
+	step "container ${LOW:0:12}, labelled gpud.io/priority=low, opens the free GPU 0: allowed"
+	show
+	HIGH=$(prio_ctr serve high)
+	docker exec -d "$HIGH" sh -c 'exec 3<>/dev/nvidia0; exec sleep 600'
+	sleep 0.3
+	step "container ${HIGH:0:12}, priority high, opens GPU 0: the low holder is killed, its container stopped"
+	note "low container running: $(docker inspect -f '{{.State.Running}}' "$LOW")"
+	note "resume notice for the task: $(cat "$T/checkpoints/demo-train/gpud-preempted.json" 2>/dev/null | tr -d '\n ' | cut -c1-90)…"
+	show
+	LOW2=$(prio_ctr retry low)
+	step "another low-priority container opens GPU 0 while the high one holds it: the kernel refuses"
+	note "inside the container: $(docker exec "$LOW2" sh -c 'exec 3<>/dev/nvidia0 && echo opened' 2>&1 | head -1)"
+	show
+fi
 
 step "the state file behind the table ($T/state.json, gpud status -o json): the first GPU"
 # Everything up to the end of gpus[0], then the closing brackets.
