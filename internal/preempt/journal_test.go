@@ -1,0 +1,159 @@
+package preempt
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func TestJournalSurvivesTornWriteAndKeepsLast(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "j", "preemptions.jsonl")
+	j, skipped, err := OpenJournal(p, 3)
+	if err != nil || skipped != 0 {
+		t.Fatal(err, skipped)
+	}
+	now := time.Now()
+	for i := 0; i < 5; i++ {
+		if err := j.Append(Record{ID: j.NewID(now), GPU: i, Action: ActionKill, Victim: Party{TaskID: "t"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	j.Close()
+	// a crash in the middle of a line
+	f, _ := os.OpenFile(p, os.O_APPEND|os.O_WRONLY, 0)
+	f.WriteString(`{"id":"half","gpu":`)
+	f.Close()
+	j, skipped, err = OpenJournal(p, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	if skipped != 1 {
+		t.Errorf("skipped %d lines, want the torn one", skipped)
+	}
+	r := j.Recent()
+	if len(r) != 3 || r[0].GPU != 2 || r[2].GPU != 4 {
+		t.Fatalf("recent = %+v, want GPUs 2..4", r)
+	}
+	ids := map[string]bool{}
+	for _, x := range r {
+		if ids[x.ID] {
+			t.Fatalf("duplicate id %s", x.ID)
+		}
+		ids[x.ID] = true
+	}
+}
+
+func TestJournalResumedOnceAndDurable(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "preemptions.jsonl")
+	j, _, _ := OpenJournal(p, 10)
+	j.Append(Record{ID: "a", Action: ActionKill, Victim: Party{TaskID: "train"}})
+	if _, ok, _ := j.Resumed("other", time.Now()); ok {
+		t.Fatal("resumed a task without a record")
+	}
+	if _, ok, err := j.Resumed("train", time.Now()); !ok || err != nil {
+		t.Fatal("not resumed", err)
+	}
+	if _, ok, _ := j.Resumed("train", time.Now()); ok {
+		t.Fatal("resumed twice")
+	}
+	j.Close()
+	j, _, _ = OpenJournal(p, 10)
+	defer j.Close()
+	r := j.Recent()
+	if len(r) != 1 || r[0].ResumedAt == nil {
+		t.Fatalf("after reopening: %+v (one record, resumed)", r)
+	}
+}
+
+type flakyRuntime struct {
+	fails    atomic.Int32 // failures left
+	calls    atomic.Int32
+	inflight atomic.Int32
+	overlap  atomic.Bool
+	notFound bool
+}
+
+func (f *flakyRuntime) Stop(ctx context.Context, id string) error {
+	if f.inflight.Add(1) > 1 {
+		f.overlap.Store(true)
+	}
+	defer f.inflight.Add(-1)
+	f.calls.Add(1)
+	time.Sleep(5 * time.Millisecond)
+	if f.notFound {
+		return ErrNotFound
+	}
+	if f.fails.Add(-1) >= 0 {
+		return errors.New("Cannot connect to the Docker daemon")
+	}
+	return nil
+}
+
+func (f *flakyRuntime) Remove(ctx context.Context, id string) error { return f.Stop(ctx, id) }
+
+func TestReclaimRetriesAndNeverTwiceAtOnce(t *testing.T) {
+	rt := &flakyRuntime{}
+	rt.fails.Store(3)
+	var mu sync.Mutex
+	var done []error
+	r := &Reclaimer{Runtime: rt, Mode: ReclaimStop, Done: func(_ string, err error) { mu.Lock(); done = append(done, err); mu.Unlock() }}
+	started := 0
+	for i := 0; i < 10; i++ {
+		if r.Reclaim(context.Background(), "c1") {
+			started++
+		}
+	}
+	r.Wait()
+	if started != 1 || len(done) != 1 || done[0] != nil {
+		t.Fatalf("started %d reclaims, results %v: want one, successful", started, done)
+	}
+	if rt.calls.Load() != 4 || rt.overlap.Load() {
+		t.Fatalf("%d runtime calls (want 3 failures + 1), overlap %v", rt.calls.Load(), rt.overlap.Load())
+	}
+}
+
+func TestReclaimGoneIsDoneAndNoneDoesNothing(t *testing.T) {
+	rt := &flakyRuntime{notFound: true}
+	var got error = errors.New("unset")
+	r := &Reclaimer{Runtime: rt, Mode: ReclaimRemove, Done: func(_ string, err error) { got = err }}
+	r.Reclaim(context.Background(), "gone")
+	r.Wait()
+	if got != nil || rt.calls.Load() != 1 {
+		t.Fatalf("a container already gone: %v after %d calls", got, rt.calls.Load())
+	}
+	r = &Reclaimer{Runtime: rt, Mode: ReclaimNone}
+	if r.Reclaim(context.Background(), "x") || rt.calls.Load() != 1 {
+		t.Fatal("--reclaim=none reclaimed")
+	}
+}
+
+func TestReclaimGivesUp(t *testing.T) {
+	rt := &flakyRuntime{}
+	rt.fails.Store(1000)
+	var got error
+	r := &Reclaimer{Runtime: rt, Mode: ReclaimStop, MaxElapsed: 300 * time.Millisecond, Done: func(_ string, err error) { got = err }}
+	r.Reclaim(context.Background(), "c")
+	r.Wait()
+	if got == nil || rt.calls.Load() < 2 {
+		t.Fatalf("gave up with %v after %d calls", got, rt.calls.Load())
+	}
+}
+
+func TestTaskDir(t *testing.T) {
+	for in, want := range map[string]string{"train-42": "/r/train-42", "ns/pod": "/r/ns_pod", "../etc": "/r/.._etc"} {
+		if got, err := TaskDir("/r", in); err != nil || got != want {
+			t.Errorf("TaskDir(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", ".", ".."} {
+		if _, err := TaskDir("/r", bad); err == nil {
+			t.Errorf("TaskDir(%q) accepted", bad)
+		}
+	}
+}

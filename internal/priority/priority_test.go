@@ -1,0 +1,120 @@
+package priority
+
+import (
+	"bytes"
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+
+	"github.com/gpud/gpud/internal/occupancy"
+)
+
+func TestParseLabel(t *testing.T) {
+	for in, want := range map[string]occupancy.Priority{"high": occupancy.High, "low": occupancy.Low, " low ": occupancy.Low} {
+		if got, err := ParseLabel(in); err != nil || got != want {
+			t.Errorf("ParseLabel(%q) = %q, %v", in, got, err)
+		}
+	}
+	for _, in := range []string{"", "HIGH", "urgent", "unmanaged", strings.Repeat("x", 5000), "hi\x00gh"} {
+		_, err := ParseLabel(in)
+		if !errors.Is(err, ErrBadLabel) {
+			t.Errorf("ParseLabel(%q) err = %v, want ErrBadLabel", in, err)
+		}
+		if len(err.Error()) > 200 {
+			t.Errorf("error for a huge label is %d bytes long", len(err.Error()))
+		}
+	}
+}
+
+func TestParseDefault(t *testing.T) {
+	for _, ok := range []string{"high", "low", "unmanaged"} {
+		if _, err := ParseDefault(ok); err != nil {
+			t.Errorf("ParseDefault(%q): %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"", "unclassified", "medium"} {
+		if _, err := ParseDefault(bad); err == nil {
+			t.Errorf("ParseDefault(%q) accepted", bad)
+		}
+	}
+}
+
+func TestClassifyMalformedReportedOnce(t *testing.T) {
+	var logs bytes.Buffer
+	r := &Registry{Default: occupancy.Low, Log: slog.New(slog.NewTextHandler(&logs, nil))}
+	for i := 0; i < 3; i++ {
+		if got := r.Classify("c1", map[string]string{LabelPriority: "urgent"}); got != occupancy.Low {
+			t.Fatalf("malformed label: %q, want the default", got)
+		}
+	}
+	r.Classify("c2", map[string]string{LabelPriority: "bogus"})
+	if n := r.MalformedSeen.Load(); n != 2 {
+		t.Errorf("malformed seen = %d, want 2 (once per container)", n)
+	}
+	if n := strings.Count(logs.String(), "malformed priority label"); n != 2 {
+		t.Errorf("logged %d times, want 2", n)
+	}
+	if got := r.Classify("c3", nil); got != occupancy.Low {
+		t.Errorf("missing label: %q, want the default", got)
+	}
+	if got := (&Registry{}).Classify("c4", nil); got != occupancy.Unmanaged {
+		t.Errorf("no default configured: %q, want unmanaged", got)
+	}
+}
+
+func TestRegistryTracksCgroups(t *testing.T) {
+	type change struct {
+		id uint64
+		p  occupancy.Priority
+	}
+	var changes []change
+	r := &Registry{Default: occupancy.Unmanaged, OnChange: func(id uint64, p occupancy.Priority) { changes = append(changes, change{id, p}) }}
+	r.Put(Workload{ContainerID: "a", Priority: occupancy.Low, CgroupID: 10, TaskID: "t"})
+	r.Put(Workload{ContainerID: "b", Priority: occupancy.Unmanaged, CgroupID: 11})
+	r.Put(Workload{ContainerID: "a", Priority: occupancy.High, CgroupID: 12}) // restarted: new cgroup
+	r.Remove("a")
+	r.Remove("missing")
+	want := []change{{10, occupancy.Low}, {11, ""}, {10, ""}, {12, occupancy.High}, {12, ""}}
+	if len(changes) != len(want) {
+		t.Fatalf("changes %v, want %v", changes, want)
+	}
+	for i := range want {
+		if changes[i] != want[i] {
+			t.Fatalf("changes %v, want %v", changes, want)
+		}
+	}
+}
+
+func TestClassifyProc(t *testing.T) {
+	r := &Registry{Default: occupancy.Low}
+	r.Put(Workload{ContainerID: "hi", Priority: occupancy.High, CgroupID: 5})
+	r.Put(Workload{Priority: occupancy.Low, CgroupID: 6}) // a bare cgroup (tests, static config)
+	for _, tc := range []struct {
+		info occupancy.ProcInfo
+		want occupancy.Priority
+	}{
+		{occupancy.ProcInfo{ContainerID: "hi"}, occupancy.High},
+		{occupancy.ProcInfo{CgroupID: 5}, occupancy.High},
+		{occupancy.ProcInfo{CgroupID: 6}, occupancy.Low},
+		{occupancy.ProcInfo{ContainerID: "unknown"}, occupancy.Low}, // default for containers
+		{occupancy.ProcInfo{CgroupID: 1}, occupancy.Unmanaged},      // host process
+	} {
+		info := tc.info
+		r.ClassifyProc(&info)
+		if info.Priority != tc.want {
+			t.Errorf("ClassifyProc(%+v) = %q, want %q", tc.info, info.Priority, tc.want)
+		}
+	}
+}
+
+func FuzzParseLabel(f *testing.F) {
+	f.Add("high")
+	f.Add("lo w")
+	f.Fuzz(func(t *testing.T, v string) {
+		p, err := ParseLabel(v)
+		if err == nil && p != occupancy.High && p != occupancy.Low {
+			t.Fatalf("ParseLabel(%q) = %q", v, p)
+		}
+	})
+}
