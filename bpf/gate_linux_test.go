@@ -1,0 +1,154 @@
+package bpf_test
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gpud/gpud/bpf"
+	"github.com/gpud/gpud/internal/cgroups"
+	"github.com/gpud/gpud/internal/testutil"
+)
+
+// cgroupDir makes a cgroup v2 directory (nested under parent when given).
+func cgroupDir(t *testing.T, parent, name string) (string, uint64) {
+	t.Helper()
+	if parent == "" {
+		root, _, err := cgroups.V2Root()
+		if err != nil {
+			t.Fatal(err)
+		}
+		parent = root
+	}
+	dir := filepath.Join(parent, fmt.Sprintf("gpud-bpftest-%s-%d", name, os.Getpid()))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for i := 0; i < 100 && os.Remove(dir) != nil; i++ {
+			time.Sleep(10 * time.Millisecond)
+		}
+	})
+	id, err := cgroups.ID(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir, id
+}
+
+// openFrom opens path from a new shell placed in cgroup dir, and returns
+// "opened" or the shell's error.
+func openFrom(t *testing.T, dir, path string) string {
+	t.Helper()
+	script := fmt.Sprintf(`echo $$ > %s/cgroup.procs && exec 3<>%s && echo opened`, dir, path)
+	out, _ := exec.Command("sh", "-c", script).CombinedOutput()
+	return strings.TrimSpace(string(out))
+}
+
+func TestGateVerdicts(t *testing.T) {
+	_, gpus := testutil.MakeFakeGPUs(t, 2)
+	m := loadMonitor(t, gpus)
+	if err := m.Register(uint32(os.Getpid()), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.SetEnforcing(true, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	podDir, podID := cgroupDir(t, "", "pod")
+	lowCtr, _ := cgroupDir(t, podDir, "ctr") // classified through its parent only
+	unknown, _ := cgroupDir(t, "", "unknown")
+	if err := m.SetCgroupPriority(podID, bpf.PrioLow); err != nil {
+		t.Fatal(err)
+	}
+	// GPU 0 held by a high-priority process; GPU 1 free.
+	if err := m.SetGPUPolicy(0, bpf.GPUPolicy{High: 1}, bpf.MonotonicNow()); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.SetGPUPolicy(1, bpf.GPUPolicy{}, bpf.MonotonicNow()); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, dir, path string
+		denied          bool
+	}{
+		{"low in a child of a low pod cgroup, high-held GPU", lowCtr, gpus[0].Path, true},
+		{"low, free GPU", lowCtr, gpus[1].Path, false},
+		{"unknown cgroup, high-held GPU", unknown, gpus[0].Path, false},
+		{"low, a non-GPU device", lowCtr, "/dev/null", false},
+		{"low, a regular file", lowCtr, "/proc/self/status", false},
+	} {
+		got := openFrom(t, tc.dir, tc.path)
+		if denied := strings.Contains(got, "not permitted"); denied != tc.denied || (!denied && got != "opened") {
+			t.Errorf("%s: %q, want denied=%v", tc.name, got, tc.denied)
+		}
+	}
+
+	// Reservation (claim 5): while GPU 1 is reserved for another cgroup,
+	// this low one is refused; reserved for its own pod, it gets in.
+	_, otherID := cgroupDir(t, "", "other")
+	until := bpf.MonotonicNow() + uint64(time.Minute)
+	m.SetGPUPolicy(1, bpf.GPUPolicy{ReservedCgroup: otherID, ReservedUntil: until}, bpf.MonotonicNow())
+	if got := openFrom(t, lowCtr, gpus[1].Path); !strings.Contains(got, "not permitted") {
+		t.Errorf("reserved for another cgroup: %q", got)
+	}
+	m.SetGPUPolicy(1, bpf.GPUPolicy{ReservedCgroup: podID, ReservedUntil: until}, bpf.MonotonicNow())
+	if got := openFrom(t, lowCtr, gpus[1].Path); got != "opened" {
+		t.Errorf("reserved for its own pod: %q", got)
+	}
+	m.SetGPUPolicy(1, bpf.GPUPolicy{ReservedCgroup: otherID, ReservedUntil: bpf.MonotonicNow() - 1}, bpf.MonotonicNow())
+	if got := openFrom(t, lowCtr, gpus[1].Path); got != "opened" {
+		t.Errorf("expired reservation: %q", got)
+	}
+
+	// Fail-open: without a heartbeat for fail-open-after, everything is allowed.
+	if err := m.SetEnforcing(true, 300*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	m.Heartbeat()
+	if got := openFrom(t, lowCtr, gpus[0].Path); !strings.Contains(got, "not permitted") {
+		t.Fatalf("with a fresh heartbeat: %q", got)
+	}
+	time.Sleep(400 * time.Millisecond)
+	if got := openFrom(t, lowCtr, gpus[0].Path); got != "opened" {
+		t.Fatalf("after fail-open-after without a heartbeat: %q, want allowed", got)
+	}
+	m.Heartbeat()
+	if got := openFrom(t, lowCtr, gpus[0].Path); !strings.Contains(got, "not permitted") {
+		t.Fatalf("heartbeat back: %q", got)
+	}
+	// Enforcement off: allowed.
+	m.SetEnforcing(false, 30*time.Second)
+	if got := openFrom(t, lowCtr, gpus[0].Path); got != "opened" {
+		t.Fatalf("enforcement off: %q", got)
+	}
+}
+
+// A high-priority open marks the GPU at decision time: a low open right
+// after it is refused although user space has not confirmed anything.
+func TestGateHighMark(t *testing.T) {
+	_, gpus := testutil.MakeFakeGPUs(t, 1)
+	m := loadMonitor(t, gpus)
+	m.Register(uint32(os.Getpid()), 0)
+	m.SetEnforcing(true, 30*time.Second)
+	hiDir, hiID := cgroupDir(t, "", "hi")
+	loDir, loID := cgroupDir(t, "", "lo")
+	m.SetCgroupPriority(hiID, bpf.PrioHigh)
+	m.SetCgroupPriority(loID, bpf.PrioLow)
+	m.SetGPUPolicy(0, bpf.GPUPolicy{}, bpf.MonotonicNow())
+	if got := openFrom(t, hiDir, gpus[0].Path); got != "opened" {
+		t.Fatalf("high open: %q", got)
+	}
+	// No policy update since: only the kernel's mark knows.
+	if got := openFrom(t, loDir, gpus[0].Path); !strings.Contains(got, "not permitted") {
+		t.Fatalf("low open after an unconfirmed high open: %q, want EPERM", got)
+	}
+	// User space confirms: the high holder is gone (policy high=0).
+	m.SetGPUPolicy(0, bpf.GPUPolicy{}, bpf.MonotonicNow())
+	if got := openFrom(t, loDir, gpus[0].Path); got != "opened" {
+		t.Fatalf("low open after confirmation: %q", got)
+	}
+}
