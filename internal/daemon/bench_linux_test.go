@@ -224,9 +224,15 @@ func makeGPUsForBench(b *testing.B) (string, []string) {
 
 func startBenchDaemon(b *testing.B, devDir string, ring uint32) *benchDaemon {
 	b.Helper()
+	return startBenchDaemonWith(b, devDir, func(c *daemon.Config) { c.RingBytes = ring; c.DockerHost = "none" })
+}
+
+func startBenchDaemonWith(b *testing.B, devDir string, set func(*daemon.Config)) *benchDaemon {
+	b.Helper()
 	dir := b.TempDir()
 	cfg := daemon.Config{DevDir: devDir, StateFile: filepath.Join(dir, "state.json"), StateDir: dir,
-		IdleAfter: time.Minute, NodeName: "bench", RingBytes: ring}
+		IdleAfter: time.Minute, NodeName: "bench"}
+	set(&cfg)
 	d, err := daemon.New(cfg, discardLogger())
 	if err != nil {
 		b.Fatal(err)
@@ -258,19 +264,9 @@ func discardLogger() *slog.Logger {
 
 func startEnforcingBenchDaemon(b *testing.B, devDir string) *benchDaemon {
 	b.Helper()
-	dir := b.TempDir()
-	cfg := daemon.Config{DevDir: devDir, StateFile: filepath.Join(dir, "state.json"), StateDir: dir,
-		IdleAfter: time.Minute, NodeName: "bench", Enforce: true, FailOpenAfter: 30 * time.Second,
-		DockerHost: "none", Reclaim: "none", ReservationTTL: 30 * time.Second}
-	d, err := daemon.New(cfg, discardLogger())
-	if err != nil {
-		b.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	waitFor(b, d.Ready)
-	return &benchDaemon{d: d, stop: func() { cancel(); <-done }}
+	return startBenchDaemonWith(b, devDir, func(c *daemon.Config) {
+		c.Enforce, c.FailOpenAfter, c.DockerHost, c.Reclaim, c.ReservationTTL = true, 30*time.Second, "none", "none", 30*time.Second
+	})
 }
 
 // BenchmarkPreemptLatency: a high-priority open of a GPU held by two

@@ -105,13 +105,20 @@ func (l *Ledger) SetIdleAfter(d time.Duration) {
 	l.Refresh(time.Now())
 }
 
-// changed must be called with mu held; it returns the hook to call after unlock.
-func (l *Ledger) changed() func() {
-	l.version++
-	if l.onChange == nil {
-		return func() {}
+// mutate runs f under the lock. When f reports a change, the version is
+// bumped and the change hook is called, after the lock is released.
+func (l *Ledger) mutate(f func() bool) {
+	l.mu.Lock()
+	if !f() {
+		l.mu.Unlock()
+		return
 	}
-	return l.onChange
+	l.version++
+	hook := l.onChange
+	l.mu.Unlock()
+	if hook != nil {
+		hook()
+	}
 }
 
 // Version counts the changes so far.
@@ -135,32 +142,24 @@ func (l *Ledger) Has(pid int) (ProcInfo, bool) {
 // AddFD records that info's process has fd open on gpu since at. An open is
 // activity on the GPU.
 func (l *Ledger) AddFD(info ProcInfo, gpu int, fd int32, at time.Time) {
-	l.mu.Lock()
-	g, ok := l.gpus[gpu]
-	if !ok {
-		l.mu.Unlock()
-		return
-	}
-	p := l.procFor(info)
-	h := p.holds[gpu]
-	if h == nil {
-		h = &hold{fds: map[int32]struct{}{}, openedAt: at}
-		p.holds[gpu] = h
-	}
-	_, known := h.fds[fd]
-	h.fds[fd] = struct{}{}
-	active := at.After(g.lastActive)
-	if active {
-		g.lastActive = at
-	}
-	if known && !l.publishLocked(at) {
-		l.mu.Unlock()
-		return
-	}
-	l.publishLocked(at)
-	hook := l.changed()
-	l.mu.Unlock()
-	hook()
+	l.mutate(func() bool {
+		g, ok := l.gpus[gpu]
+		if !ok {
+			return false
+		}
+		p := l.procFor(info)
+		h := p.holds[gpu]
+		if h == nil {
+			h = &hold{fds: map[int32]struct{}{}, openedAt: at}
+			p.holds[gpu] = h
+		}
+		_, known := h.fds[fd]
+		h.fds[fd] = struct{}{}
+		if at.After(g.lastActive) {
+			g.lastActive = at
+		}
+		return l.publishLocked(at) || !known
+	})
 }
 
 // procFor returns the process record for info, replacing one of a previous
@@ -179,56 +178,49 @@ func (l *Ledger) procFor(info ProcInfo) *proc {
 
 // RemoveFD records that pid closed fd on gpu.
 func (l *Ledger) RemoveFD(pid, gpu int, fd int32) {
-	l.mu.Lock()
-	p := l.procs[pid]
-	if p == nil || p.holds[gpu] == nil {
-		l.mu.Unlock()
-		return
-	}
-	h := p.holds[gpu]
-	if _, ok := h.fds[fd]; !ok {
-		l.mu.Unlock()
-		return
-	}
-	delete(h.fds, fd)
-	if len(h.fds) == 0 {
-		delete(p.holds, gpu)
-	}
-	if len(p.holds) == 0 {
-		delete(l.procs, pid)
-	}
-	l.publishLocked(time.Now())
-	hook := l.changed()
-	l.mu.Unlock()
-	hook()
+	l.mutate(func() bool {
+		p := l.procs[pid]
+		if p == nil || p.holds[gpu] == nil {
+			return false
+		}
+		h := p.holds[gpu]
+		if _, ok := h.fds[fd]; !ok {
+			return false
+		}
+		delete(h.fds, fd)
+		if len(h.fds) == 0 {
+			delete(p.holds, gpu)
+		}
+		if len(p.holds) == 0 {
+			delete(l.procs, pid)
+		}
+		l.publishLocked(time.Now())
+		return true
+	})
 }
 
 // RemoveProcess drops every fd of pid (the process exited).
 func (l *Ledger) RemoveProcess(pid int) {
-	l.mu.Lock()
-	if _, ok := l.procs[pid]; !ok {
-		l.mu.Unlock()
-		return
-	}
-	delete(l.procs, pid)
-	l.publishLocked(time.Now())
-	hook := l.changed()
-	l.mu.Unlock()
-	hook()
+	l.mutate(func() bool {
+		if _, ok := l.procs[pid]; !ok {
+			return false
+		}
+		delete(l.procs, pid)
+		l.publishLocked(time.Now())
+		return true
+	})
 }
 
 // SetProcess replaces what the ledger knows of one process with pf (read
 // from /proc). Fds that were already known keep their opened_at.
 func (l *Ledger) SetProcess(pf ProcFDs, at time.Time) {
-	l.mu.Lock()
-	if l.setProcessLocked(pf, at) {
+	l.mutate(func() bool {
+		if !l.setProcessLocked(pf, at) {
+			return false
+		}
 		l.publishLocked(at)
-		hook := l.changed()
-		l.mu.Unlock()
-		hook()
-		return
-	}
-	l.mu.Unlock()
+		return true
+	})
 }
 
 func (l *Ledger) setProcessLocked(pf ProcFDs, at time.Time) bool {
@@ -302,60 +294,44 @@ func sameHolds(a, b map[int]*hold) bool {
 // ReplaceAll makes the ledger equal to a full scan: every process not in
 // procs is dropped.
 func (l *Ledger) ReplaceAll(procs []ProcFDs, at time.Time) {
-	l.mu.Lock()
-	changed := false
-	seen := map[int]bool{}
-	for _, pf := range procs {
-		seen[pf.Info.PID] = true
-		if l.setProcessLocked(pf, at) {
-			changed = true
+	l.mutate(func() bool {
+		changed := false
+		seen := map[int]bool{}
+		for _, pf := range procs {
+			seen[pf.Info.PID] = true
+			if l.setProcessLocked(pf, at) {
+				changed = true
+			}
 		}
-	}
-	for pid := range l.procs {
-		if !seen[pid] {
-			delete(l.procs, pid)
-			changed = true
+		for pid := range l.procs {
+			if !seen[pid] {
+				delete(l.procs, pid)
+				changed = true
+			}
 		}
-	}
-	if !changed {
-		l.mu.Unlock()
-		return
-	}
-	l.publishLocked(at)
-	hook := l.changed()
-	l.mu.Unlock()
-	hook()
+		if changed {
+			l.publishLocked(at)
+		}
+		return changed
+	})
 }
 
 // Activity records use of gpu at the given time (an NVML utilization sample).
 func (l *Ledger) Activity(gpu int, at time.Time) {
-	l.mu.Lock()
-	g, ok := l.gpus[gpu]
-	if !ok || !at.After(g.lastActive) {
-		l.mu.Unlock()
-		return
-	}
-	g.lastActive = at
-	if !l.publishLocked(at) {
-		l.mu.Unlock()
-		return
-	}
-	hook := l.changed()
-	l.mu.Unlock()
-	hook()
+	l.mutate(func() bool {
+		g, ok := l.gpus[gpu]
+		if !ok || !at.After(g.lastActive) {
+			return false
+		}
+		g.lastActive = at
+		return l.publishLocked(at)
+	})
 }
 
 // Refresh re-derives states that change with time alone (busy → idle) and
 // reports a change if any did.
 func (l *Ledger) Refresh(now time.Time) {
-	l.mu.Lock()
-	if !l.publishLocked(now) {
-		l.mu.Unlock()
-		return
-	}
-	hook := l.changed()
-	l.mu.Unlock()
-	hook()
+	l.mutate(func() bool { return l.publishLocked(now) })
 }
 
 // publishLocked recomputes every GPU's state and reports whether one changed.
@@ -478,22 +454,17 @@ func (l *Ledger) Counts() map[int]ClassCounts {
 // Reclassify re-derives every holder's priority with classify (a workload
 // was classified after its processes opened a GPU).
 func (l *Ledger) Reclassify(classify func(*ProcInfo)) {
-	l.mu.Lock()
-	changed := false
-	for _, p := range l.procs {
-		before := p.info.Priority
-		classify(&p.info)
-		if p.info.Priority != before {
-			changed = true
+	l.mutate(func() bool {
+		changed := false
+		for _, p := range l.procs {
+			before := p.info.Priority
+			classify(&p.info)
+			if p.info.Priority != before {
+				changed = true
+			}
 		}
-	}
-	if !changed {
-		l.mu.Unlock()
-		return
-	}
-	hook := l.changed()
-	l.mu.Unlock()
-	hook()
+		return changed
+	})
 }
 
 // RefreshComms re-reads each holder's name with comm (nil/false: keep):
@@ -511,21 +482,16 @@ func (l *Ledger) RefreshComms(comm func(pid int) (string, bool)) {
 			names[pid] = c
 		}
 	}
-	l.mu.Lock()
-	changed := false
-	for pid, c := range names {
-		if p := l.procs[pid]; p != nil && p.info.Comm != c {
-			p.info.Comm = c
-			changed = true
+	l.mutate(func() bool {
+		changed := false
+		for pid, c := range names {
+			if p := l.procs[pid]; p != nil && p.info.Comm != c {
+				p.info.Comm = c
+				changed = true
+			}
 		}
-	}
-	if !changed {
-		l.mu.Unlock()
-		return
-	}
-	hook := l.changed()
-	l.mu.Unlock()
-	hook()
+		return changed
+	})
 }
 
 // FDTable returns pid → GPU → sorted fds: the form /proc ground truth is
