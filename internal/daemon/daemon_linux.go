@@ -367,7 +367,13 @@ func (d *Daemon) setupEnforcement(cgroupRoot string) error {
 	if reclaim == "" {
 		reclaim = preempt.ReclaimStop
 	}
-	rc := &preempt.Reclaimer{Mode: reclaim, Log: d.log}
+	rc := &preempt.Reclaimer{Mode: reclaim, Log: d.log,
+		// A reclaimed container's waiting requests go with it (claim 5).
+		Done: func(id string, err error) {
+			if err == nil && d.enforcer != nil {
+				d.enforcer.dropWaiters(id)
+			}
+		}}
 	if cfg.DockerHost != "none" {
 		opts := []client.Opt{client.FromEnv, client.WithAPIVersionNegotiation()}
 		if cfg.DockerHost != "" {

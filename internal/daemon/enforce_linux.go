@@ -125,6 +125,31 @@ func (e *enforcer) addWaiter(gpu int, w waiter) bool {
 	return true
 }
 
+// dropWaiters removes the requests of a container that is gone (reclaimed
+// after its refusal): a freed GPU must not wait for it.
+func (e *enforcer) dropWaiters(containerID string) {
+	if containerID == "" {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for gpu, ws := range e.waiters {
+		kept := ws[:0]
+		for _, w := range ws {
+			if w.containerID != containerID {
+				kept = append(kept, w)
+			}
+		}
+		e.waiters[gpu] = kept
+	}
+	for gpu, r := range e.reserved {
+		if r.containerID == containerID {
+			delete(e.reserved, gpu)
+			delete(e.until, gpu)
+		}
+	}
+}
+
 // opened handles a recorded open: claim 6's resume mark, claim 5's
 // reservation fulfilment, and the rules for opens the gate could not judge
 // (a workload classified only after its open).

@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"sync"
 	"time"
+
+	"github.com/gpud/gpud/internal/occupancy"
 )
 
 // Party is one side of a preemption.
@@ -97,7 +99,38 @@ func OpenJournal(path string, keep int) (j *Journal, skipped int, err error) {
 		j.recent = append(j.recent, byID[id])
 	}
 	j.reindex()
+	if st, err := f.Stat(); err == nil && st.Size() > maxJournalBytes {
+		// Compacted to the records kept, so the file does not grow for ever.
+		if err := j.compact(path); err != nil {
+			f.Close()
+			return nil, skipped, err
+		}
+	}
 	return j, skipped, nil
+}
+
+// maxJournalBytes is the size past which the journal is compacted at open.
+const maxJournalBytes = 8 << 20
+
+func (j *Journal) compact(path string) error {
+	var buf bytes.Buffer
+	for _, r := range j.recent {
+		b, err := json.Marshal(r)
+		if err != nil {
+			return fmt.Errorf("preempt: compacting journal: %w", err)
+		}
+		buf.Write(append(b, '\n'))
+	}
+	if err := occupancy.WriteAtomic(path, buf.Bytes()); err != nil {
+		return fmt.Errorf("preempt: compacting journal: %w", err)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_APPEND, 0o644)
+	if err != nil {
+		return fmt.Errorf("preempt: journal: %w", err)
+	}
+	j.f.Close()
+	j.f = f
+	return nil
 }
 
 func (j *Journal) reindex() {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -155,5 +156,31 @@ func TestTaskDir(t *testing.T) {
 		if _, err := TaskDir("/r", bad); err == nil {
 			t.Errorf("TaskDir(%q) accepted", bad)
 		}
+	}
+}
+
+func TestJournalCompactsWhenLarge(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "preemptions.jsonl")
+	j, _, _ := OpenJournal(p, 5)
+	pad := strings.Repeat("x", 4096)
+	for i := 0; i < maxJournalBytes/4096+10; i++ {
+		j.Append(Record{ID: j.NewID(time.Now()), GPU: i, Action: ActionDeny, Result: pad})
+	}
+	last := j.Recent()
+	j.Close()
+	j, _, err := OpenJournal(p, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	st, _ := os.Stat(p)
+	if st.Size() > 64<<10 {
+		t.Fatalf("journal still %d bytes after compaction", st.Size())
+	}
+	if got := j.Recent(); len(got) != 5 || got[4].ID != last[4].ID {
+		t.Fatalf("records lost in compaction: %d kept", len(got))
+	}
+	if err := j.Append(Record{ID: "after", Action: ActionKill}); err != nil {
+		t.Fatal(err)
 	}
 }
