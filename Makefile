@@ -52,3 +52,22 @@ lint:
 
 clean:
 	rm -rf bin
+
+# A real one-node Kubernetes cluster (etcd, kube-apiserver, containerd,
+# kubelet, scheduler, controller-manager) for the Kubernetes tests. `k8s`
+# builds the binaries once into /var/cache/gpud-k8s (GPUD_K8S_CACHE);
+# `cluster-up` starts the cluster in $(CLUSTER_DIR) (source $(CLUSTER_DIR)/env),
+# `cluster-down` stops it and removes everything it made.
+CLUSTER_DIR ?= /tmp/gpud-cluster
+
+.PHONY: k8s cluster-up cluster-down
+
+k8s:
+	scripts/deps.sh k8s
+	scripts/k8s-build.sh >/dev/null
+
+cluster-up: k8s
+	scripts/cluster.sh up $(CLUSTER_DIR)
+
+cluster-down:
+	scripts/cluster.sh down $(CLUSTER_DIR)

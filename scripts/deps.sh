@@ -19,6 +19,7 @@ declare -A GROUP_PKGS=(
 	[bpf]="clang llvm libbpf-dev bpftool"
 	[docker]="docker.io busybox-static"
 	[test]="docker.io busybox-static"
+	[k8s]="containerd runc containernetworking-plugins openssl busybox-static iproute2 procps"
 )
 
 die() { echo "deps.sh: $*" >&2; exit 1; }

@@ -47,14 +47,29 @@ func ParseDefault(v string) (occupancy.Priority, error) {
 	return "", fmt.Errorf("priority: default %q: want high, low or unmanaged", v)
 }
 
-// Workload is one classified container.
+// Workload is one classified container or pod.
 type Workload struct {
-	ContainerID string
-	Name        string
-	TaskID      string // gpud.io/task-id, else the container name
+	ContainerID string // a Docker container, or
+	PodUID      string // a Kubernetes pod (its containers share its class)
+	Namespace   string // pods only
+	Name        string // container name, or pod name
+	TaskID      string // gpud.io/task-id, else the container name or namespace/name
 	Priority    occupancy.Priority
-	CgroupID    uint64 // cgroup v2 id of the container, 0 until known
+	CgroupID    uint64 // cgroup v2 id of the container or pod, 0 until known
 }
+
+// key names a workload in the registry.
+func (w Workload) key() string {
+	if w.ContainerID != "" {
+		return w.ContainerID
+	}
+	if w.PodUID != "" {
+		return podKey(w.PodUID)
+	}
+	return ""
+}
+
+func podKey(uid string) string { return "pod/" + uid }
 
 // Registry is the set of known workloads. Sources (the Docker watcher,
 // tests) put workloads in; the tracker classifies holders from it; the
@@ -115,9 +130,10 @@ func (r *Registry) Put(w Workload) {
 	if r.byContainer == nil {
 		r.byContainer, r.byCgroup = map[string]Workload{}, map[uint64]Workload{}
 	}
-	old, had := r.byContainer[w.ContainerID]
-	if w.ContainerID != "" {
-		r.byContainer[w.ContainerID] = w
+	key := w.key()
+	old, had := r.byContainer[key]
+	if key != "" {
+		r.byContainer[key] = w
 	}
 	if had && old.CgroupID != 0 && old.CgroupID != w.CgroupID {
 		delete(r.byCgroup, old.CgroupID)
@@ -145,7 +161,10 @@ func gateClass(p occupancy.Priority) occupancy.Priority {
 	return ""
 }
 
-// Remove forgets a container.
+// RemovePod forgets a pod.
+func (r *Registry) RemovePod(uid string) { r.Remove(podKey(uid)) }
+
+// Remove forgets a container (or, with a "pod/<uid>" key, a pod).
 func (r *Registry) Remove(containerID string) {
 	r.mu.Lock()
 	w, ok := r.byContainer[containerID]
@@ -170,6 +189,11 @@ func (r *Registry) Lookup(info occupancy.ProcInfo) (Workload, bool) {
 			return w, true
 		}
 	}
+	if info.PodUID != "" {
+		if w, ok := r.byContainer[podKey(info.PodUID)]; ok {
+			return w, true
+		}
+	}
 	if info.CgroupID != 0 {
 		if w, ok := r.byCgroup[info.CgroupID]; ok {
 			return w, true
@@ -186,7 +210,7 @@ func (r *Registry) ClassifyProc(info *occupancy.ProcInfo) {
 		info.Priority = w.Priority
 		return
 	}
-	if info.ContainerID != "" {
+	if info.ContainerID != "" || info.PodUID != "" {
 		info.Priority = r.def()
 		return
 	}
@@ -202,7 +226,7 @@ func (r *Registry) Workloads() []Workload {
 		out = append(out, w)
 	}
 	for id, w := range r.byCgroup {
-		if w.ContainerID == "" {
+		if w.key() == "" {
 			w.CgroupID = id
 			out = append(out, w)
 		}

@@ -1,0 +1,122 @@
+package priority
+
+import (
+	"context"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/gpud/gpud/internal/cgroups"
+	"github.com/gpud/gpud/internal/occupancy"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+)
+
+// Pods keeps the registry in step with the pods of one node, watched
+// through the API server (an informer limited to spec.nodeName, which is
+// also all that the Node authorizer lets a kubelet credential list).
+type Pods struct {
+	Client     kubernetes.Interface
+	Node       string
+	Registry   *Registry
+	CgroupRoot string
+	Log        *slog.Logger
+	// Resync re-reads every pod this often, to find pod cgroups that
+	// kubelet created after the pod was first seen (default 2s).
+	Resync time.Duration
+	// Synced, when set, is called once the first listing is in.
+	Synced func()
+}
+
+// Run watches until ctx ends.
+func (p *Pods) Run(ctx context.Context) {
+	resync := p.Resync
+	if resync == 0 {
+		resync = 2 * time.Second
+	}
+	f := informers.NewSharedInformerFactoryWithOptions(p.Client, resync,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = "spec.nodeName=" + p.Node }))
+	inf := f.Core().V1().Pods().Informer()
+	inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    p.put,
+		UpdateFunc: func(_, obj any) { p.put(obj) },
+		DeleteFunc: func(obj any) {
+			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = t.Obj
+			}
+			if pod, ok := obj.(*corev1.Pod); ok {
+				p.Registry.RemovePod(string(pod.UID))
+			}
+		},
+	})
+	f.Start(ctx.Done())
+	if cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) && p.Synced != nil {
+		p.Synced()
+	}
+	<-ctx.Done()
+	f.Shutdown()
+}
+
+func (p *Pods) put(obj any) {
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		return
+	}
+	uid := string(pod.UID)
+	if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+		p.Registry.RemovePod(uid)
+		return
+	}
+	w := Workload{
+		PodUID: uid, Namespace: pod.Namespace, Name: pod.Name,
+		Priority: p.Registry.Classify(podKey(uid), pod.Labels),
+		TaskID:   pod.Labels[LabelTaskID],
+	}
+	if w.TaskID == "" {
+		w.TaskID = pod.Namespace + "/" + pod.Name
+	}
+	w.CgroupID = PodCgroupID(p.CgroupRoot, uid, pod.Status.QOSClass)
+	if old, ok := p.Registry.Lookup(occupancyInfoForPod(uid)); ok && old == w {
+		return
+	}
+	p.Registry.Put(w)
+}
+
+// PodCgroupPaths returns where kubelet puts a pod's cgroup, under the cgroup
+// v2 root, for the cgroupfs and the systemd drivers.
+func PodCgroupPaths(uid string, qos corev1.PodQOSClass) []string {
+	q := strings.ToLower(string(qos))
+	under := uid
+	systemd := "kubepods-pod" + strings.ReplaceAll(uid, "-", "_") + ".slice"
+	var out []string
+	switch qos {
+	case corev1.PodQOSBurstable, corev1.PodQOSBestEffort:
+		out = append(out,
+			filepath.Join("kubepods", q, "pod"+under),
+			filepath.Join("kubepods.slice", "kubepods-"+q+".slice", "kubepods-"+q+"-pod"+strings.ReplaceAll(uid, "-", "_")+".slice"))
+	default: // Guaranteed, or not yet known
+		out = append(out, filepath.Join("kubepods", "pod"+under), filepath.Join("kubepods.slice", systemd))
+		if qos == "" {
+			for _, c := range []corev1.PodQOSClass{corev1.PodQOSBurstable, corev1.PodQOSBestEffort} {
+				out = append(out, PodCgroupPaths(uid, c)...)
+			}
+		}
+	}
+	return out
+}
+
+// PodCgroupID returns the cgroup v2 id of a pod's cgroup, 0 while it does not exist.
+func PodCgroupID(root, uid string, qos corev1.PodQOSClass) uint64 {
+	for _, p := range PodCgroupPaths(uid, qos) {
+		if id, err := cgroups.ID(filepath.Join(root, p)); err == nil {
+			return id
+		}
+	}
+	return 0
+}
+
+func occupancyInfoForPod(uid string) occupancy.ProcInfo { return occupancy.ProcInfo{PodUID: uid} }
