@@ -142,9 +142,10 @@ var (
 	// docker-<id>.scope, cri-containerd-<id>.scope, crio-<id>.scope (systemd driver)
 	scopeRe  = regexp.MustCompile(`^(docker|cri-containerd|crio)-([0-9a-f]{64})\.scope$`)
 	bareIDRe = regexp.MustCompile(`^[0-9a-f]{64}$`)
-	// kubepods-besteffort-pod<uid>.slice (uid with _), or pod<uid> (cgroupfs driver)
-	podSliceRe = regexp.MustCompile(`^kubepods(?:-[a-z]+)?-pod([0-9a-f_]{36})\.slice$`)
-	podDirRe   = regexp.MustCompile(`^pod([0-9a-f-]{36})$`)
+	// kubepods-besteffort-pod<uid>.slice (uid with _), or pod<uid> (cgroupfs
+	// driver); a static pod's uid is a 32-hex hash, not a dashed UUID.
+	podSliceRe = regexp.MustCompile(`^kubepods(?:-[a-z]+)?-pod([0-9a-f_]{36}|[0-9a-f]{32})\.slice$`)
+	podDirRe   = regexp.MustCompile(`^pod([0-9a-f-]{36}|[0-9a-f]{32})$`)
 )
 
 // ContainerFromPath returns the container id a cgroup path names, and the

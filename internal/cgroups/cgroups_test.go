@@ -46,6 +46,8 @@ func TestParse(t *testing.T) {
 			id, "containerd", "1a2b3c4d-0000-1111-2222-333344445555"},
 		{"kubepods cgroupfs", "0::/kubepods/burstable/pod1a2b3c4d-0000-1111-2222-333344445555/" + id + "\n",
 			"/kubepods/burstable/pod1a2b3c4d-0000-1111-2222-333344445555/" + id, id, "", "1a2b3c4d-0000-1111-2222-333344445555"},
+		{"static pod (hash uid)", "0::/kubepods/besteffort/pod15eb05479cc0a401db8494898de6d2f9/" + id + "\n",
+			"/kubepods/besteffort/pod15eb05479cc0a401db8494898de6d2f9/" + id, id, "", "15eb05479cc0a401db8494898de6d2f9"},
 		{"guaranteed pod slice", "0::/kubepods.slice/kubepods-pod1a2b3c4d_0000_1111_2222_333344445555.slice/crio-" + id + ".scope\n",
 			"/kubepods.slice/kubepods-pod1a2b3c4d_0000_1111_2222_333344445555.slice/crio-" + id + ".scope", id, "crio", "1a2b3c4d-0000-1111-2222-333344445555"},
 	} {
