@@ -65,9 +65,10 @@ func cmdRun(args []string) error {
 	fs.DurationVar(&cfg.FailOpenAfter, "fail-open-after", 30*time.Second, "the gate allows everything once gpud has not heartbeated for this long")
 	fs.StringVar(&defPrio, "default-priority", "unmanaged", "class of workloads without the gpud.io/priority label: unmanaged|low|high")
 	fs.DurationVar(&cfg.PreemptGrace, "preempt-grace", 0, "SIGTERM → SIGKILL delay for preempted processes (0: SIGKILL at once)")
-	fs.StringVar(&cfg.Reclaim, "reclaim", "stop", "what happens to a preempted or refused low-priority container: stop|remove|none")
+	fs.StringVar(&cfg.Reclaim, "reclaim", "stop", "what happens to a preempted or refused low-priority workload: stop|remove|none for containers, evict|delete|none for pods (stop=evict, remove=delete)")
 	fs.DurationVar(&cfg.ReservationTTL, "reservation-ttl", 30*time.Second, "how long a freed GPU waits for its earliest refused low-priority requester")
 	fs.StringVar(&cfg.CheckpointRoot, "checkpoint-root", "/var/lib/gpud/checkpoints", "where gpud-preempted.json notices go, one directory per task id")
+	fs.StringVar(&cfg.KubeConfig, "kubeconfig", "", "API server for pod labels (default: in-cluster config when in a pod, else none)")
 	fs.StringVar(&cfg.DockerHost, "docker-host", "", "Docker engine for labels and reclaim (default $DOCKER_HOST or the local socket; none disables)")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -89,7 +90,7 @@ func cmdRun(args []string) error {
 	}
 	cfg.DefaultPriority = p
 	if _, err := preempt.ParseReclaim(cfg.Reclaim); err != nil {
-		return usagef("run: --reclaim %q: want stop, remove or none", cfg.Reclaim)
+		return usagef("run: --reclaim %q: want stop, remove, evict, delete or none", cfg.Reclaim)
 	}
 	for name, v := range map[string]time.Duration{"--fail-open-after": cfg.FailOpenAfter, "--reservation-ttl": cfg.ReservationTTL} {
 		if v <= 0 {

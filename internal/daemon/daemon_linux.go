@@ -22,6 +22,9 @@ import (
 	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/preempt"
 	"github.com/gpud/gpud/internal/priority"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 )
 
 // Config is everything `gpud run` is told.
@@ -47,6 +50,9 @@ type Config struct {
 	ReservationTTL  time.Duration
 	CheckpointRoot  string
 	DockerHost      string // "" : $DOCKER_HOST or the default socket; "none" disables
+	// KubeConfig names the API server for pod labels; "" uses the in-cluster
+	// config when running in a pod, and no API server otherwise.
+	KubeConfig string
 	// NVML overrides the library (tests inject go-nvml's mock).
 	NVML nvml.Interface
 }
@@ -70,6 +76,8 @@ type Daemon struct {
 	executor *preempt.Executor
 	enforcer *enforcer
 	docker   *priority.Docker
+	pods     *priority.Pods
+	events   *podEvents
 	denials  atomic.Uint64
 }
 
@@ -252,6 +260,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 		wg.Add(1)
 		go func() { defer wg.Done(); d.docker.Run(ctx) }()
 	}
+	if d.pods != nil {
+		wg.Add(2)
+		go func() { defer wg.Done(); d.pods.Run(ctx) }()
+		go func() { defer wg.Done(); d.events.run(ctx) }()
+	}
 	defer d.executor.Wait()
 	defer d.journal.Close()
 
@@ -367,11 +380,14 @@ func (d *Daemon) setupEnforcement(cgroupRoot string) error {
 	if reclaim == "" {
 		reclaim = preempt.ReclaimStop
 	}
-	rc := &preempt.Reclaimer{Mode: reclaim, Log: d.log,
+	var runtimes preempt.Runtimes
+	rc := &preempt.Reclaimer{Mode: reclaim, Log: d.log, Runtime: &runtimes,
 		// A reclaimed container's waiting requests go with it (claim 5).
-		Done: func(id string, err error) {
-			if err == nil && d.enforcer != nil {
-				d.enforcer.dropWaiters(id)
+		Done: func(key string, err error) {
+			if err != nil {
+				d.log.Warn("reclaim failed", "workload", key, "error", err)
+			} else if d.enforcer != nil {
+				d.enforcer.dropWaiters(key)
 			}
 		}}
 	if cfg.DockerHost != "none" {
@@ -383,13 +399,28 @@ func (d *Daemon) setupEnforcement(cgroupRoot string) error {
 		if err != nil {
 			return fmt.Errorf("%w: docker: %w", ErrConfig, err)
 		}
-		rc.Runtime = preempt.DockerRuntime{Client: cli}
+		runtimes.Containers = preempt.DockerRuntime{Client: cli}
 		d.docker = &priority.Docker{Client: cli, Registry: d.registry, CgroupRoot: cgroupRoot, Log: d.log}
+	}
+	if kc, err := kubeClient(cfg.KubeConfig); err != nil {
+		return fmt.Errorf("%w: --kubeconfig: %w", ErrConfig, err)
+	} else if kc != nil {
+		if cfg.NodeName == "" {
+			return fmt.Errorf("%w: --node-name (or NODE_NAME) is required with an API server", ErrConfig)
+		}
+		d.pods = &priority.Pods{Client: kc, Node: cfg.NodeName, Registry: d.registry, CgroupRoot: cgroupRoot, Log: d.log}
+		runtimes.Pods = preempt.PodRuntime{Client: kc}
+		d.events = newPodEvents(kc, d.registry, cfg.NodeName, d.log)
 	}
 	d.executor = &preempt.Executor{
 		ProcRoot: "/proc", Grace: cfg.PreemptGrace, CheckpointRoot: cfg.CheckpointRoot,
 		Journal: j, Reclaimer: rc, Log: d.log,
-		Recorded: func(preempt.Record) { d.writer.Kick() },
+		Recorded: func(r preempt.Record) {
+			d.writer.Kick()
+			if d.events != nil {
+				d.events.record(r)
+			}
+		},
 		Holds: func(pid, gpu int) bool {
 			fds, err := d.tracker.Proc.GPUFDs(pid)
 			return err == nil && len(fds[gpu]) > 0
@@ -411,3 +442,23 @@ func (d *Daemon) Journal() *preempt.Journal { return d.journal }
 
 // Reservation reports whom gpu is reserved for (claim 5), by cgroup id.
 func (d *Daemon) Reservation(gpu int) (uint64, bool) { return d.enforcer.reservation(gpu) }
+
+// kubeClient returns a client for the API server named by kubeconfig, or
+// the in-cluster one when gpud runs in a pod, or nil without either.
+func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
+	var rc *rest.Config
+	var err error
+	switch {
+	case kubeconfig != "":
+		rc, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+	case os.Getenv("KUBERNETES_SERVICE_HOST") != "":
+		rc, err = rest.InClusterConfig()
+	default:
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	rc.UserAgent = "gpud"
+	return kubernetes.NewForConfig(rc)
+}

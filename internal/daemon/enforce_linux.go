@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"fmt"
 	"sort"
 	"sync"
 	"time"
@@ -39,6 +40,7 @@ const confirmEvery = uint64(time.Millisecond)
 type waiter struct {
 	cgroupID    uint64
 	containerID string
+	workload    string // preempt.Target.Key of the requester's pod or container
 	since       time.Time
 }
 
@@ -60,12 +62,28 @@ func (e *enforcer) taskID(info occupancy.ProcInfo) string {
 	return ""
 }
 
+// workload names what a process's reclaim acts on: its pod when gpud knows
+// the pod, else its container.
+func (e *enforcer) workload(info occupancy.ProcInfo, reason string) preempt.Target {
+	if w, ok := e.reg.Lookup(info); ok && w.PodUID != "" {
+		return preempt.Target{PodUID: w.PodUID, Namespace: w.Namespace, Name: w.Name, Reason: reason}
+	}
+	if info.PodUID != "" {
+		return preempt.Target{PodUID: info.PodUID, Reason: reason} // unknown pod: not reclaimed
+	}
+	return preempt.Target{ContainerID: info.ContainerID, Reason: reason}
+}
+
+func (e *enforcer) victim(info occupancy.ProcInfo, reason string) preempt.Victim {
+	return preempt.Victim{ProcInfo: info, TaskID: e.taskID(info), Workload: e.workload(info, reason)}
+}
+
 // lowHolders returns the low-priority holders of gpu as victims.
-func (e *enforcer) lowHolders(gpu int) []preempt.Victim {
+func (e *enforcer) lowHolders(gpu int, reason string) []preempt.Victim {
 	var out []preempt.Victim
 	for _, h := range e.d.ledger.Holders(gpu) {
 		if h.Priority == occupancy.Low {
-			out = append(out, preempt.Victim{ProcInfo: h, TaskID: e.taskID(h)})
+			out = append(out, e.victim(h, reason))
 		}
 	}
 	return out
@@ -77,7 +95,7 @@ func (e *enforcer) gate(ev *bpf.Event) {
 	switch ev.Type {
 	case bpf.EventGateHigh:
 		// Kill first; the preemptor's identity is only for the record.
-		victims := e.lowHolders(gpu)
+		victims := e.lowHolders(gpu, fmt.Sprintf("a high-priority process opened GPU %d", gpu))
 		if len(victims) == 0 {
 			return
 		}
@@ -95,10 +113,11 @@ func (e *enforcer) gate(ev *bpf.Event) {
 				opener.ContainerID = w.ContainerID
 			}
 		}
-		if e.addWaiter(gpu, waiter{cgroupID: ev.CgroupID, containerID: opener.ContainerID, since: e.d.tracker.Wall(ev.Mono)}) {
+		target := e.workload(opener, fmt.Sprintf("refused GPU %d, held by high priority", gpu))
+		if e.addWaiter(gpu, waiter{cgroupID: ev.CgroupID, containerID: opener.ContainerID, workload: target.Key(), since: e.d.tracker.Wall(ev.Mono)}) {
 			v := preempt.Decide(preempt.Holding{High: true}, occupancy.Low)
 			e.d.denials.Add(1)
-			e.exec.Denied(e.ctx, gpu, v.Rule, party(opener, e.taskID(opener)), v.ReclaimOpener)
+			e.exec.Denied(e.ctx, gpu, v.Rule, party(opener, e.taskID(opener)), target, v.ReclaimOpener)
 		}
 	}
 }
@@ -125,10 +144,10 @@ func (e *enforcer) addWaiter(gpu int, w waiter) bool {
 	return true
 }
 
-// dropWaiters removes the requests of a container that is gone (reclaimed
-// after its refusal): a freed GPU must not wait for it.
-func (e *enforcer) dropWaiters(containerID string) {
-	if containerID == "" {
+// dropWaiters removes the requests of a workload (preempt.Target.Key) that
+// is gone, reclaimed after its refusal: a freed GPU must not wait for it.
+func (e *enforcer) dropWaiters(key string) {
+	if key == "" {
 		return
 	}
 	e.mu.Lock()
@@ -136,14 +155,14 @@ func (e *enforcer) dropWaiters(containerID string) {
 	for gpu, ws := range e.waiters {
 		kept := ws[:0]
 		for _, w := range ws {
-			if w.containerID != containerID {
+			if w.workload != key {
 				kept = append(kept, w)
 			}
 		}
 		e.waiters[gpu] = kept
 	}
 	for gpu, r := range e.reserved {
-		if r.containerID == containerID {
+		if r.workload == key {
 			delete(e.reserved, gpu)
 			delete(e.until, gpu)
 		}
@@ -173,14 +192,14 @@ func (e *enforcer) opened(info occupancy.ProcInfo, gpu int, ev *bpf.Event) {
 	switch info.Priority {
 	case occupancy.High:
 		if counts.Low > 0 {
-			e.preempt(gpu, info, e.lowHolders(gpu), e.d.tracker.Wall(ev.Mono))
+			e.preempt(gpu, info, e.lowHolders(gpu, fmt.Sprintf("a high-priority process opened GPU %d", gpu)), e.d.tracker.Wall(ev.Mono))
 		}
 	case occupancy.Low:
 		if counts.High > 0 {
 			// Got past the gate unclassified: the deny rule, after the fact.
 			v := preempt.Decide(preempt.Holding{High: true}, occupancy.Low)
 			e.exec.Preempt(e.ctx, gpu, v.Rule+" (after the open)", preempt.Party{},
-				[]preempt.Victim{{ProcInfo: info, TaskID: e.taskID(info)}}, time.Now(), nil)
+				[]preempt.Victim{e.victim(info, fmt.Sprintf("opened GPU %d, held by high priority", gpu))}, time.Now(), nil)
 		}
 	}
 }

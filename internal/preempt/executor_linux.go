@@ -14,6 +14,8 @@ import (
 type Victim struct {
 	occupancy.ProcInfo
 	TaskID string
+	// Workload is what is reclaimed after the kill: its pod, else its container.
+	Workload Target
 }
 
 // Executor carries out verdicts off the hot path: it writes the checkpoint
@@ -91,9 +93,9 @@ func (e *Executor) Preempt(ctx context.Context, gpu int, rule string, preemptor 
 		// processes are dead; stopping a container takes longer.
 		seen := map[string]bool{}
 		for _, v := range mine {
-			if v.ContainerID != "" && !seen[v.ContainerID] {
-				seen[v.ContainerID] = true
-				e.reclaim(ctx, gpu, v.ContainerID, v.TaskID, preemptor)
+			if k := v.Workload.Key(); k != "" && !seen[k] {
+				seen[k] = true
+				e.reclaim(ctx, gpu, v.Workload, v.TaskID, preemptor)
 			}
 		}
 	}()
@@ -151,13 +153,12 @@ func (e *Executor) kill(ctx context.Context, gpu int, rule string, preemptor Par
 	e.record(rec)
 }
 
-func (e *Executor) reclaim(ctx context.Context, gpu int, containerID, taskID string, by Party) {
-	if e.Reclaimer == nil || e.Reclaimer.Mode == ReclaimNone {
-		return
+func (e *Executor) reclaim(ctx context.Context, gpu int, t Target, taskID string, by Party) {
+	if e.Reclaimer == nil || !e.Reclaimer.Reclaim(ctx, t) {
+		return // reclaim off, no runtime for it, or one already under way
 	}
-	e.Reclaimer.Reclaim(ctx, containerID)
 	rec := Record{Time: time.Now().UTC(), GPU: gpu, Action: ActionReclaim, Preemptor: by,
-		Victim: Party{ContainerID: containerID, TaskID: taskID}, Result: e.Reclaimer.Mode}
+		Victim: Party{ContainerID: t.ContainerID, PodUID: t.PodUID, TaskID: taskID}, Result: e.Reclaimer.Mode}
 	if e.Journal != nil {
 		rec.ID = e.Journal.NewID(rec.Time)
 	}
@@ -166,14 +167,14 @@ func (e *Executor) reclaim(ctx context.Context, gpu int, containerID, taskID str
 
 // Denied records a refused low-priority open and, when the verdict says
 // so, reclaims the opener's container.
-func (e *Executor) Denied(ctx context.Context, gpu int, rule string, opener Party, reclaim bool) {
+func (e *Executor) Denied(ctx context.Context, gpu int, rule string, opener Party, workload Target, reclaim bool) {
 	rec := Record{Time: time.Now().UTC(), GPU: gpu, Action: ActionDeny, Rule: rule, Victim: opener, Result: "EPERM"}
 	if e.Journal != nil {
 		rec.ID = e.Journal.NewID(rec.Time)
 	}
 	e.record(rec)
-	if reclaim && opener.ContainerID != "" {
-		e.reclaim(ctx, gpu, opener.ContainerID, opener.TaskID, Party{})
+	if reclaim {
+		e.reclaim(ctx, gpu, workload, opener.TaskID, Party{})
 	}
 }
 

@@ -80,7 +80,7 @@ type flakyRuntime struct {
 	notFound bool
 }
 
-func (f *flakyRuntime) Stop(ctx context.Context, id string) error {
+func (f *flakyRuntime) Reclaim(ctx context.Context, t Target, mode string) error {
 	if f.inflight.Add(1) > 1 {
 		f.overlap.Store(true)
 	}
@@ -96,7 +96,6 @@ func (f *flakyRuntime) Stop(ctx context.Context, id string) error {
 	return nil
 }
 
-func (f *flakyRuntime) Remove(ctx context.Context, id string) error { return f.Stop(ctx, id) }
 
 func TestReclaimRetriesAndNeverTwiceAtOnce(t *testing.T) {
 	rt := &flakyRuntime{}
@@ -106,7 +105,7 @@ func TestReclaimRetriesAndNeverTwiceAtOnce(t *testing.T) {
 	r := &Reclaimer{Runtime: rt, Mode: ReclaimStop, Done: func(_ string, err error) { mu.Lock(); done = append(done, err); mu.Unlock() }}
 	started := 0
 	for i := 0; i < 10; i++ {
-		if r.Reclaim(context.Background(), "c1") {
+		if r.Reclaim(context.Background(), Target{ContainerID: "c1"}) {
 			started++
 		}
 	}
@@ -123,13 +122,13 @@ func TestReclaimGoneIsDoneAndNoneDoesNothing(t *testing.T) {
 	rt := &flakyRuntime{notFound: true}
 	var got error = errors.New("unset")
 	r := &Reclaimer{Runtime: rt, Mode: ReclaimRemove, Done: func(_ string, err error) { got = err }}
-	r.Reclaim(context.Background(), "gone")
+	r.Reclaim(context.Background(), Target{ContainerID: "gone"})
 	r.Wait()
 	if got != nil || rt.calls.Load() != 1 {
 		t.Fatalf("a container already gone: %v after %d calls", got, rt.calls.Load())
 	}
 	r = &Reclaimer{Runtime: rt, Mode: ReclaimNone}
-	if r.Reclaim(context.Background(), "x") || rt.calls.Load() != 1 {
+	if r.Reclaim(context.Background(), Target{ContainerID: "x"}) || rt.calls.Load() != 1 {
 		t.Fatal("--reclaim=none reclaimed")
 	}
 }
@@ -139,7 +138,7 @@ func TestReclaimGivesUp(t *testing.T) {
 	rt.fails.Store(1000)
 	var got error
 	r := &Reclaimer{Runtime: rt, Mode: ReclaimStop, MaxElapsed: 300 * time.Millisecond, Done: func(_ string, err error) { got = err }}
-	r.Reclaim(context.Background(), "c")
+	r.Reclaim(context.Background(), Target{ContainerID: "c"})
 	r.Wait()
 	if got == nil || rt.calls.Load() < 2 {
 		t.Fatalf("gave up with %v after %d calls", got, rt.calls.Load())

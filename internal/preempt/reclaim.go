@@ -13,51 +13,94 @@ import (
 	"github.com/docker/docker/client"
 )
 
-// Reclaim modes (--reclaim).
+// Reclaim modes (--reclaim). For Docker containers stop and evict both
+// stop, remove and delete both remove; for pods stop and evict both use the
+// Eviction API, remove and delete both delete the pod.
 const (
 	ReclaimStop   = "stop"
 	ReclaimRemove = "remove"
+	ReclaimEvict  = "evict"
+	ReclaimDelete = "delete"
 	ReclaimNone   = "none"
 )
 
 // ParseReclaim checks a --reclaim value.
 func ParseReclaim(v string) (string, error) {
 	switch v {
-	case ReclaimStop, ReclaimRemove, ReclaimNone:
+	case ReclaimStop, ReclaimRemove, ReclaimEvict, ReclaimDelete, ReclaimNone:
 		return v, nil
 	}
-	return "", fmt.Errorf("preempt: reclaim %q: want stop, remove or none", v)
+	return "", fmt.Errorf("preempt: reclaim %q: want stop, remove, evict, delete or none", v)
+}
+
+// gentle reports whether mode stops/evicts (true) or removes/deletes (false).
+func gentle(mode string) bool { return mode == ReclaimStop || mode == ReclaimEvict }
+
+// Target is what gets reclaimed: a pod when PodUID is set, else a container.
+type Target struct {
+	ContainerID string
+	PodUID      string
+	Namespace   string
+	Name        string // pod name
+	Reason      string // for the pod's DisruptionTarget condition and events
+}
+
+// Key names the target: one reclaim per key at a time.
+func (t Target) Key() string {
+	if t.PodUID != "" {
+		return "pod/" + t.PodUID
+	}
+	return t.ContainerID
 }
 
 // ErrNotFound is returned by a Runtime for a container that no longer exists:
 // a reclaim of it is done, not failed.
 var ErrNotFound = errors.New("preempt: container not found")
 
-// Runtime is the container runtime as reclaim sees it.
+// Runtime reclaims targets of one kind (mode is never ReclaimNone).
 type Runtime interface {
-	Stop(ctx context.Context, containerID string) error
-	Remove(ctx context.Context, containerID string) error
+	Reclaim(ctx context.Context, t Target, mode string) error
 }
 
 // DockerRuntime reclaims Docker containers.
 type DockerRuntime struct{ Client client.APIClient }
 
-func (d DockerRuntime) Stop(ctx context.Context, id string) error {
-	zero := 0 // the processes are already dead; nothing to wait for
-	err := d.Client.ContainerStop(ctx, id, container.StopOptions{Timeout: &zero})
+func (d DockerRuntime) Reclaim(ctx context.Context, t Target, mode string) error {
+	if t.ContainerID == "" {
+		return ErrNotFound
+	}
+	var err error
+	if gentle(mode) {
+		zero := 0 // the processes are already dead; nothing to wait for
+		err = d.Client.ContainerStop(ctx, t.ContainerID, container.StopOptions{Timeout: &zero})
+	} else {
+		err = d.Client.ContainerRemove(ctx, t.ContainerID, container.RemoveOptions{Force: true})
+	}
 	if cerrdefs.IsNotFound(err) {
 		return ErrNotFound
 	}
 	return err
 }
 
-func (d DockerRuntime) Remove(ctx context.Context, id string) error {
-	err := d.Client.ContainerRemove(ctx, id, container.RemoveOptions{Force: true})
-	if cerrdefs.IsNotFound(err) {
-		return ErrNotFound
-	}
-	return err
+// Runtimes picks the runtime by target: pods to Pods, containers to Containers.
+type Runtimes struct {
+	Containers Runtime // nil: containers are not reclaimed
+	Pods       Runtime // nil: pods are not reclaimed
 }
+
+func (r Runtimes) Reclaim(ctx context.Context, t Target, mode string) error {
+	rt := r.Containers
+	if t.PodUID != "" {
+		rt = r.Pods
+	}
+	if rt == nil {
+		return ErrNoRuntime
+	}
+	return rt.Reclaim(ctx, t, mode)
+}
+
+// ErrNoRuntime is returned for a target no configured runtime can reclaim.
+var ErrNoRuntime = errors.New("preempt: no runtime for this target")
 
 // Reclaimer reclaims containers asynchronously: retried with backoff while
 // the runtime fails, never two reclaims of one container at once.
@@ -67,17 +110,19 @@ type Reclaimer struct {
 	Log     *slog.Logger
 	// MaxElapsed bounds the retries of one reclaim (default 5 minutes).
 	MaxElapsed time.Duration
-	// Done, when set, is called when a reclaim ends (err nil: reclaimed or already gone).
-	Done func(containerID string, err error)
+	// Done, when set, is called when a reclaim ends (err nil: reclaimed or
+	// already gone), with the target's Key.
+	Done func(key string, err error)
 
 	mu       sync.Mutex
 	inflight map[string]bool
 	wg       sync.WaitGroup
 }
 
-// Reclaim starts reclaiming a container unless one is under way; it reports
+// Reclaim starts reclaiming a target unless one is under way; it reports
 // whether it started one.
-func (r *Reclaimer) Reclaim(ctx context.Context, containerID string) bool {
+func (r *Reclaimer) Reclaim(ctx context.Context, t Target) bool {
+	containerID := t.Key()
 	if containerID == "" || r.Mode == ReclaimNone || r.Runtime == nil {
 		return false
 	}
@@ -94,7 +139,7 @@ func (r *Reclaimer) Reclaim(ctx context.Context, containerID string) bool {
 	r.wg.Add(1)
 	go func() {
 		defer r.wg.Done()
-		err := r.run(ctx, containerID)
+		err := r.run(ctx, t)
 		r.mu.Lock()
 		delete(r.inflight, containerID)
 		r.mu.Unlock()
@@ -105,7 +150,8 @@ func (r *Reclaimer) Reclaim(ctx context.Context, containerID string) bool {
 	return true
 }
 
-func (r *Reclaimer) run(ctx context.Context, id string) error {
+func (r *Reclaimer) run(ctx context.Context, t Target) error {
+	id := t.Key()
 	max := r.MaxElapsed
 	if max == 0 {
 		max = 5 * time.Minute
@@ -114,15 +160,13 @@ func (r *Reclaimer) run(ctx context.Context, id string) error {
 	backoff := 100 * time.Millisecond
 	for attempt := 1; ; attempt++ {
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		var err error
-		if r.Mode == ReclaimRemove {
-			err = r.Runtime.Remove(cctx, id)
-		} else {
-			err = r.Runtime.Stop(cctx, id)
-		}
+		err := r.Runtime.Reclaim(cctx, t, r.Mode)
 		cancel()
 		if err == nil || errors.Is(err, ErrNotFound) {
 			return nil
+		}
+		if errors.Is(err, ErrNoRuntime) {
+			return err
 		}
 		if ctx.Err() != nil || time.Now().After(deadline) {
 			return fmt.Errorf("preempt: reclaiming %s: giving up after %d attempts: %w", id, attempt, err)

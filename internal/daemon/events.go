@@ -1,0 +1,124 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/gpud/gpud/internal/occupancy"
+	"github.com/gpud/gpud/internal/preempt"
+	"github.com/gpud/gpud/internal/priority"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+)
+
+// podEvents posts a core/v1 Event on each pod a preemption record names:
+// the victim's and the preemptor's, each naming the GPU and the other party.
+// Posting is asynchronous and bounded: a slow API server never delays a kill.
+type podEvents struct {
+	client kubernetes.Interface
+	reg    *priority.Registry
+	node   string
+	log    *slog.Logger
+	queue  chan preempt.Record
+}
+
+func newPodEvents(c kubernetes.Interface, reg *priority.Registry, node string, log *slog.Logger) *podEvents {
+	return &podEvents{client: c, reg: reg, node: node, log: log, queue: make(chan preempt.Record, 256)}
+}
+
+// record queues a record's events; when the queue is full they are dropped
+// (the journal keeps the record).
+func (p *podEvents) record(r preempt.Record) {
+	if r.Victim.PodUID == "" && r.Preemptor.PodUID == "" {
+		return
+	}
+	select {
+	case p.queue <- r:
+	default:
+		p.log.Warn("event queue full: events dropped", "record_id", r.ID)
+	}
+}
+
+func (p *podEvents) run(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case r := <-p.queue:
+			p.post(ctx, r)
+		}
+	}
+}
+
+func (p *podEvents) pod(uid string) (priority.Workload, bool) {
+	if uid == "" {
+		return priority.Workload{}, false
+	}
+	w, ok := p.reg.Lookup(occupancy.ProcInfo{PodUID: uid})
+	return w, ok && w.Name != ""
+}
+
+func describe(w priority.Workload, ok bool, pt preempt.Party) string {
+	if ok {
+		return fmt.Sprintf("pod %s/%s", w.Namespace, w.Name)
+	}
+	if pt.ContainerID != "" {
+		return "container " + shortID(pt.ContainerID)
+	}
+	if pt.PID != 0 {
+		return fmt.Sprintf("process %d", pt.PID)
+	}
+	return "a high-priority holder"
+}
+
+func shortID(id string) string {
+	if len(id) > 12 {
+		return id[:12]
+	}
+	return id
+}
+
+func (p *podEvents) post(ctx context.Context, r preempt.Record) {
+	victim, vok := p.pod(r.Victim.PodUID)
+	pre, pok := p.pod(r.Preemptor.PodUID)
+	var vReason, vMsg, pReason, pMsg string
+	switch r.Action {
+	case preempt.ActionKill:
+		vReason, vMsg = "GPUPreempted", fmt.Sprintf("gpud killed process %d on GPU %d for %s (%s)", r.Victim.PID, r.GPU, describe(pre, pok, r.Preemptor), r.Result)
+		pReason, pMsg = "GPUPreemptedOther", fmt.Sprintf("gpud preempted %s on GPU %d for this pod", describe(victim, vok, r.Victim), r.GPU)
+	case preempt.ActionDeny:
+		vReason, vMsg = "GPUOpenDenied", fmt.Sprintf("gpud refused process %d an open of GPU %d: held by high priority", r.Victim.PID, r.GPU)
+	case preempt.ActionReclaim:
+		vReason, vMsg = "GPUReclaimed", fmt.Sprintf("gpud reclaims this pod (%s) after GPU %d was taken for %s", r.Result, r.GPU, describe(pre, pok, r.Preemptor))
+		pReason, pMsg = "GPUReclaimedOther", fmt.Sprintf("gpud reclaims %s after GPU %d was taken for this pod", describe(victim, vok, r.Victim), r.GPU)
+	default:
+		return
+	}
+	if vok {
+		p.create(ctx, victim, corev1.EventTypeWarning, vReason, vMsg)
+	}
+	if pok && pReason != "" {
+		p.create(ctx, pre, corev1.EventTypeNormal, pReason, pMsg)
+	}
+}
+
+func (p *podEvents) create(ctx context.Context, w priority.Workload, typ, reason, msg string) {
+	now := metav1.NewTime(time.Now())
+	ev := &corev1.Event{
+		ObjectMeta: metav1.ObjectMeta{GenerateName: w.Name + ".gpud.", Namespace: w.Namespace},
+		InvolvedObject: corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: w.Namespace,
+			Name: w.Name, UID: types.UID(w.PodUID)},
+		Reason: reason, Message: msg, Type: typ, Count: 1,
+		FirstTimestamp: now, LastTimestamp: now,
+		Source: corev1.EventSource{Component: "gpud", Host: p.node},
+	}
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := p.client.CoreV1().Events(w.Namespace).Create(cctx, ev, metav1.CreateOptions{}); err != nil {
+		p.log.Warn("posting event", "pod", w.Namespace+"/"+w.Name, "reason", reason, "error", err)
+	}
+}
