@@ -96,7 +96,6 @@ func (f *flakyRuntime) Reclaim(ctx context.Context, t Target, mode string) error
 	return nil
 }
 
-
 func TestReclaimRetriesAndNeverTwiceAtOnce(t *testing.T) {
 	rt := &flakyRuntime{}
 	rt.fails.Store(3)
