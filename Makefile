@@ -9,7 +9,7 @@ LDFLAGS   := -X main.version=$(VERSION)
 TESTFLAGS ?= -count=1 -p 1 -timeout 30m
 BENCHTIME ?= 1x
 
-.PHONY: all build generate test unit bench demo lint clean
+.PHONY: all build generate test unit bench demo lint clean image
 
 all: build
 
@@ -44,6 +44,14 @@ bench: build
 demo: build
 	scripts/deps.sh build docker
 	scripts/demo.sh $(BIN)
+
+# gpud's container image through the local Docker engine, nothing pulled;
+# also saved to bin/gpud-image.tar for `ctr -n k8s.io images import`.
+IMAGE ?= gpud.local/gpud:dev
+image: build
+	scripts/deps.sh docker
+	scripts/dockerd.sh start
+	scripts/gpud-image.sh $(BIN) $(IMAGE) bin/gpud-image.tar
 
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
