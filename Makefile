@@ -9,7 +9,7 @@ LDFLAGS   := -X main.version=$(VERSION)
 TESTFLAGS ?= -count=1 -p 1 -timeout 30m
 BENCHTIME ?= 1x
 
-.PHONY: all build generate test unit bench demo lint clean image
+.PHONY: all build generate test unit bench demo lint clean image test-k8s
 
 all: build
 
@@ -52,6 +52,15 @@ image: build
 	scripts/deps.sh docker
 	scripts/dockerd.sh start
 	scripts/gpud-image.sh $(BIN) $(IMAGE) bin/gpud-image.tar
+
+# The Kubernetes end-to-end test: gpud in its DaemonSet pod (deploy/base) on a
+# real one-node cluster brought up for the run and torn down after.
+test-k8s: image k8s
+	@set -e; trap 'scripts/cluster.sh down $(CLUSTER_DIR); scripts/dockerd.sh stop' EXIT; \
+	scripts/cluster.sh up $(CLUSTER_DIR); \
+	. $(CLUSTER_DIR)/env; \
+	ctr -n k8s.io -a $$CONTAINERD_SOCK images import bin/gpud-image.tar >/dev/null; \
+	$(GO) test -tags k8s -count=1 -timeout 15m ./test/k8s/
 
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }

@@ -1,0 +1,242 @@
+//go:build k8s
+
+// Package k8s holds the end-to-end test of gpud on a real one-node cluster
+// (etcd, kube-apiserver, kubelet, containerd, scheduler, controller-manager;
+// scripts/cluster.sh), with gpud running in its DaemonSet pod from deploy/.
+// Run it with `make test-k8s`, which builds the image and brings the
+// cluster up and down around it.
+package k8s
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+func env(t *testing.T, k string) string {
+	t.Helper()
+	v := os.Getenv(k)
+	if v == "" {
+		t.Fatalf("%s is not set: run through make test-k8s (or source the cluster's env file)", k)
+	}
+	return v
+}
+
+func kubectl(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	out, err := exec.Command(env(t, "KUBECTL"), args...).CombinedOutput()
+	return strings.TrimSpace(string(out)), err
+}
+
+func mustKubectl(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := kubectl(t, args...)
+	if err != nil {
+		t.Fatalf("kubectl %v: %v\n%s", args, err, out)
+	}
+	return out
+}
+
+func apply(t *testing.T, manifest string) {
+	t.Helper()
+	cmd := exec.Command(env(t, "KUBECTL"), "apply", "-f", "-")
+	cmd.Stdin = strings.NewReader(manifest)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("kubectl apply: %v\n%s\n%s", err, out, manifest)
+	}
+}
+
+func eventually(t *testing.T, what string, d time.Duration, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("never: %s", what)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// gpuPod is a pod with the fake GPU node mapped in as /dev/nvidia0.
+func gpuPod(t *testing.T, name, prio, gpu string) {
+	t.Helper()
+	labels := ""
+	if prio != "" {
+		labels = fmt.Sprintf("labels: {gpud.io/priority: %q}", prio)
+	}
+	apply(t, fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata: {name: %s, namespace: default, %s}
+spec:
+  nodeName: %s
+  terminationGracePeriodSeconds: 2
+  containers:
+  - name: c
+    image: gpud.local/busybox:1
+    imagePullPolicy: Never
+    securityContext: {privileged: true}
+    command: ["sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"]
+    volumeMounts: [{name: gpu, mountPath: /dev/nvidia0}]
+  volumes: [{name: gpu, hostPath: {path: %s, type: CharDevice}}]
+`, name, labels, env(t, "NODE_NAME"), gpu))
+	mustKubectl(t, "wait", "--for=condition=Ready", "pod/"+name, "--timeout=60s")
+	t.Cleanup(func() { kubectl(t, "delete", "pod", name, "--grace-period=0", "--force", "--ignore-not-found") })
+}
+
+// hold makes a process in the pod open the GPU and keep it; returns its host PID.
+func hold(t *testing.T, gp, pod string) int {
+	t.Helper()
+	cmd := exec.Command(env(t, "KUBECTL"), "exec", pod, "--", "sh", "-c", "exec 3<>/dev/nvidia0 && exec sleep 3600")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	var pid int
+	eventually(t, pod+" holds the GPU", 20*time.Second, func() bool {
+		for _, h := range holders(t, gp) {
+			if h.PodUID == podUID(t, pod) {
+				pid = h.PID
+				return true
+			}
+		}
+		return false
+	})
+	return pid
+}
+
+type holder struct {
+	PID      int    `json:"pid"`
+	PodUID   string `json:"pod_uid"`
+	Priority string `json:"priority"`
+}
+
+// holders reads GPU 0's holders from gpud's own status, inside its pod.
+func holders(t *testing.T, gp string) []holder {
+	t.Helper()
+	out, err := kubectl(t, "-n", "gpud-system", "exec", gp, "--", "/gpud", "status", "-o", "json")
+	if err != nil {
+		return nil
+	}
+	var st struct {
+		GPUs []struct {
+			Holders []holder `json:"holders"`
+		} `json:"gpus"`
+	}
+	if json.Unmarshal([]byte(out), &st) != nil || len(st.GPUs) == 0 {
+		return nil
+	}
+	return st.GPUs[0].Holders
+}
+
+func podUID(t *testing.T, pod string) string {
+	out, _ := kubectl(t, "get", "pod", pod, "-o", "jsonpath={.metadata.uid}")
+	return out
+}
+
+func alive(pid int) bool { return unix.Kill(pid, 0) == nil && !zombie(pid) }
+
+func zombie(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	return len(f) == 0 || f[0] == "Z"
+}
+
+func TestDaemonSetPreemptsOnARealCluster(t *testing.T) {
+	root, _ := filepath.Abs("../..")
+	dev := t.TempDir()
+	gpu := filepath.Join(dev, "nvidia0")
+	if err := unix.Mknod(gpu, unix.S_IFCHR|0o666, int(unix.Mkdev(10, 229))); err != nil {
+		t.Fatal(err)
+	}
+	// deploy/base, pointed at the fake GPU directory and the local image.
+	ovl := t.TempDir()
+	base, _ := filepath.Rel(ovl, filepath.Join(root, "deploy/base"))
+	os.WriteFile(filepath.Join(ovl, "kustomization.yaml"), []byte(fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources: [%s]
+patches:
+  - target: {kind: DaemonSet, name: gpud}
+    patch: |-
+      - {op: replace, path: /spec/template/spec/volumes/0/hostPath/path, value: %s}
+      - {op: replace, path: /spec/template/spec/containers/0/imagePullPolicy, value: Never}
+      # the test cluster runs no kube-proxy: reach the API server directly
+      - {op: add, path: /spec/template/spec/containers/0/env/-, value: {name: KUBERNETES_SERVICE_HOST, value: "127.0.0.1"}}
+      - {op: add, path: /spec/template/spec/containers/0/env/-, value: {name: KUBERNETES_SERVICE_PORT, value: "6443"}}
+`, base, dev)), 0o644)
+	mustKubectl(t, "apply", "-k", ovl)
+	t.Cleanup(func() { kubectl(t, "delete", "-k", ovl, "--wait=true", "--timeout=60s") })
+
+	var gp string
+	eventually(t, "the gpud DaemonSet pod runs", 60*time.Second, func() bool {
+		out, _ := kubectl(t, "-n", "gpud-system", "get", "pod", "-l", "app.kubernetes.io/name=gpud",
+			"-o", "jsonpath={.items[0].metadata.name} {.items[0].status.phase}")
+		f := strings.Fields(out)
+		if len(f) == 2 && f[1] == "Running" {
+			gp = f[0]
+			return true
+		}
+		return false
+	})
+	eventually(t, "gpud started in its pod", 30*time.Second, func() bool {
+		out, _ := kubectl(t, "-n", "gpud-system", "logs", gp)
+		return strings.Contains(out, "gpud started")
+	})
+
+	gpuPod(t, "plain", "", gpu)
+	gpuPod(t, "low", "low", gpu)
+	gpuPod(t, "high", "high", gpu)
+	plainPID := hold(t, gp, "plain")
+	lowPID := hold(t, gp, "low")
+	lowUID := podUID(t, "low")
+	eventually(t, "the low pod's holder is classified low", 10*time.Second, func() bool {
+		for _, h := range holders(t, gp) {
+			if h.PID == lowPID {
+				return h.Priority == "low"
+			}
+		}
+		return false
+	})
+
+	// The high pod's open preempts the low pod.
+	if out := mustKubectl(t, "exec", "high", "--", "sh", "-c", "exec 3<>/dev/nvidia0 && echo opened"); out != "opened" {
+		t.Fatalf("high open: %q", out)
+	}
+	hold(t, gp, "high")
+	eventually(t, "the low pod's process is dead", 10*time.Second, func() bool { return !alive(lowPID) })
+	eventually(t, "the low pod is evicted and gone from the API", 30*time.Second, func() bool {
+		_, err := kubectl(t, "get", "pod", "low")
+		return err != nil
+	})
+	eventually(t, "Events name both pods", 10*time.Second, func() bool {
+		lowEv, _ := kubectl(t, "get", "events", "--field-selector", "involvedObject.uid="+lowUID, "-o", "jsonpath={range .items[*]}{.reason}: {.message}{\"\\n\"}{end}")
+		highEv, _ := kubectl(t, "get", "events", "--field-selector", "involvedObject.name=high", "-o", "jsonpath={range .items[*]}{.reason}: {.message}{\"\\n\"}{end}")
+		return strings.Contains(lowEv, "GPUPreempted: ") && strings.Contains(lowEv, "pod default/high") &&
+			strings.Contains(highEv, "GPUPreemptedOther") && strings.Contains(highEv, "pod default/low")
+	})
+
+	// A low pod's open while the high pod holds the GPU fails with EPERM inside the pod.
+	gpuPod(t, "late", "low", gpu)
+	out, _ := kubectl(t, "exec", "late", "--", "sh", "-c", "exec 3<>/dev/nvidia0 && echo opened")
+	if !strings.Contains(out, "Operation not permitted") {
+		t.Fatalf("low open while high holds: %q, want EPERM", out)
+	}
+
+	// The pod without the label is never touched.
+	if !alive(plainPID) {
+		t.Fatal("the unlabeled pod's process was killed")
+	}
+	if phase := mustKubectl(t, "get", "pod", "plain", "-o", "jsonpath={.status.phase}"); phase != "Running" {
+		t.Fatalf("the unlabeled pod is %s", phase)
+	}
+}
