@@ -69,6 +69,7 @@ func cmdRun(args []string) error {
 	fs.DurationVar(&cfg.ReservationTTL, "reservation-ttl", 30*time.Second, "how long a freed GPU waits for its earliest refused low-priority requester")
 	fs.StringVar(&cfg.CheckpointRoot, "checkpoint-root", "/var/lib/gpud/checkpoints", "where gpud-preempted.json notices go, one directory per task id")
 	fs.StringVar(&cfg.KubeConfig, "kubeconfig", "", "API server for pod labels (default: in-cluster config when in a pod, else none)")
+	fs.StringVar(&cfg.CRIEndpoint, "cri-endpoint", "", "container runtime socket for pod labels when there is no API server (default: containerd's or CRI-O's if present; none disables)")
 	fs.StringVar(&cfg.DockerHost, "docker-host", "", "Docker engine for labels and reclaim (default $DOCKER_HOST or the local socket; none disables)")
 	if err := parse(fs, args); err != nil {
 		return err

@@ -53,6 +53,10 @@ type Config struct {
 	// KubeConfig names the API server for pod labels; "" uses the in-cluster
 	// config when running in a pod, and no API server otherwise.
 	KubeConfig string
+	// CRIEndpoint is the container runtime's socket, for pod labels from
+	// sandboxes when there is no API server; "" picks containerd's or
+	// CRI-O's default socket when present, "none" disables.
+	CRIEndpoint string
 	// NVML overrides the library (tests inject go-nvml's mock).
 	NVML nvml.Interface
 }
@@ -77,6 +81,7 @@ type Daemon struct {
 	enforcer *enforcer
 	docker   *priority.Docker
 	pods     *priority.Pods
+	cri      *priority.CRI
 	events   *podEvents
 	denials  atomic.Uint64
 }
@@ -260,6 +265,10 @@ func (d *Daemon) Run(ctx context.Context) error {
 		wg.Add(1)
 		go func() { defer wg.Done(); d.docker.Run(ctx) }()
 	}
+	if d.cri != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); d.cri.Run(ctx) }()
+	}
 	if d.pods != nil {
 		wg.Add(2)
 		go func() { defer wg.Done(); d.pods.Run(ctx) }()
@@ -411,6 +420,10 @@ func (d *Daemon) setupEnforcement(cgroupRoot string) error {
 		d.pods = &priority.Pods{Client: kc, Node: cfg.NodeName, Registry: d.registry, CgroupRoot: cgroupRoot, Log: d.log}
 		runtimes.Pods = preempt.PodRuntime{Client: kc}
 		d.events = newPodEvents(kc, d.registry, cfg.NodeName, d.log)
+	} else if ep := criEndpoint(cfg.CRIEndpoint); ep != "" {
+		// No API server: pod labels from the runtime's sandboxes; pods are
+		// not reclaimed (only the API server can evict).
+		d.cri = &priority.CRI{Endpoint: ep, Registry: d.registry, CgroupRoot: cgroupRoot, Log: d.log}
 	}
 	d.executor = &preempt.Executor{
 		ProcRoot: "/proc", Grace: cfg.PreemptGrace, CheckpointRoot: cfg.CheckpointRoot,
@@ -461,4 +474,21 @@ func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
 	}
 	rc.UserAgent = "gpud"
 	return kubernetes.NewForConfig(rc)
+}
+
+// criEndpoint resolves --cri-endpoint: "none" disables, "" picks the first
+// default runtime socket that exists.
+func criEndpoint(v string) string {
+	switch v {
+	case "none":
+		return ""
+	case "":
+		for _, p := range []string{"/run/containerd/containerd.sock", "/run/crio/crio.sock"} {
+			if st, err := os.Stat(p); err == nil && st.Mode()&os.ModeSocket != 0 {
+				return p
+			}
+		}
+		return ""
+	}
+	return v
 }

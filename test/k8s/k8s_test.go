@@ -240,3 +240,82 @@ patches:
 		t.Fatalf("the unlabeled pod is %s", phase)
 	}
 }
+
+// Without an API server gpud classifies pods from their sandboxes' labels
+// over CRI (kubelet copies pod labels onto the sandbox): the rules apply;
+// pods are not evicted (only the API server can).
+func TestCRIFallbackWithoutAPIServer(t *testing.T) {
+	root, _ := filepath.Abs("../..")
+	dev := t.TempDir()
+	gpu := filepath.Join(dev, "nvidia0")
+	if err := unix.Mknod(gpu, unix.S_IFCHR|0o666, int(unix.Mkdev(10, 229))); err != nil {
+		t.Fatal(err)
+	}
+	state := t.TempDir()
+	cmd := exec.Command(filepath.Join(root, "bin/gpud"), "run", "--dev-dir", dev,
+		"--state-file", filepath.Join(state, "state.json"), "--state-dir", state, "--control-socket", "",
+		"--cri-endpoint", env(t, "CONTAINERD_SOCK"), "--docker-host", "none", "--reclaim", "none")
+	cmd.Env = append(os.Environ(), "KUBECONFIG=", "KUBERNETES_SERVICE_HOST=")
+	logf, _ := os.Create(filepath.Join(state, "gpud.log"))
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Signal(unix.SIGTERM)
+		cmd.Wait()
+		if t.Failed() {
+			b, _ := os.ReadFile(filepath.Join(state, "gpud.log"))
+			st, _ := os.ReadFile(filepath.Join(state, "state.json"))
+			t.Logf("gpud log:\n%s\nstate:\n%s", b, st)
+		}
+	})
+	statePath := filepath.Join(state, "state.json")
+	eventually(t, "gpud running", 10*time.Second, func() bool { _, err := os.Stat(statePath); return err == nil })
+
+	gpuPod(t, "crilow", "low", gpu)
+	gpuPod(t, "crihigh", "high", gpu)
+	lowPID := holdLocal(t, statePath, "crilow")
+	// CRI has no watch: gpud lists sandboxes every CRIInterval, so a pod is
+	// classified within that of its start (a real workload spends longer
+	// than that in CUDA initialisation before it opens a GPU).
+	time.Sleep(time.Second)
+	if got := mustKubectl(t, "exec", "crihigh", "--", "sh", "-c", "exec 3<>/dev/nvidia0 && echo opened"); got != "opened" {
+		t.Fatalf("high open: %q", got)
+	}
+	eventually(t, "the low pod's process is dead", 10*time.Second, func() bool { return !alive(lowPID) })
+}
+
+// holdLocal is hold for a gpud whose state file is on this machine.
+func holdLocal(t *testing.T, statePath, pod string) int {
+	t.Helper()
+	cmd := exec.Command(env(t, "KUBECTL"), "exec", pod, "--", "sh", "-c", "exec 3<>/dev/nvidia0 && exec sleep 3600")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	uid := podUID(t, pod)
+	var pid int
+	eventually(t, pod+" holds the GPU, classified low", 20*time.Second, func() bool {
+		b, err := os.ReadFile(statePath)
+		if err != nil {
+			return false
+		}
+		var st struct {
+			GPUs []struct {
+				Holders []holder `json:"holders"`
+			} `json:"gpus"`
+		}
+		if json.Unmarshal(b, &st) != nil || len(st.GPUs) == 0 {
+			return false
+		}
+		for _, h := range st.GPUs[0].Holders {
+			if h.PodUID == uid && h.Priority == "low" {
+				pid = h.PID
+				return true
+			}
+		}
+		return false
+	})
+	return pid
+}
