@@ -145,7 +145,7 @@ static __always_inline int fd_gpu(struct task_struct *t, long fd)
 	return gpu ? (int)*gpu : -1;
 }
 
-static __always_inline void emit(__u32 type, __u32 pid, __u32 tgid, __u32 ppid, __s32 fd, __s32 gpu)
+static __always_inline void emit_cg(__u32 type, __u32 pid, __u32 tgid, __u32 ppid, __s32 fd, __s32 gpu, __u64 cgroup_id)
 {
 	struct event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
@@ -153,7 +153,7 @@ static __always_inline void emit(__u32 type, __u32 pid, __u32 tgid, __u32 ppid, 
 		return;
 	}
 	e->ts = bpf_ktime_get_ns();
-	e->cgroup_id = bpf_get_current_cgroup_id();
+	e->cgroup_id = cgroup_id;
 	e->type = type;
 	e->pid = pid;
 	e->tgid = tgid;
@@ -162,6 +162,11 @@ static __always_inline void emit(__u32 type, __u32 pid, __u32 tgid, __u32 ppid, 
 	e->gpu = gpu;
 	bpf_get_current_comm(&e->comm, sizeof(e->comm));
 	bpf_ringbuf_submit(e, 0);
+}
+
+static __always_inline void emit(__u32 type, __u32 pid, __u32 tgid, __u32 ppid, __s32 fd, __s32 gpu)
+{
+	emit_cg(type, pid, tgid, ppid, fd, gpu, bpf_get_current_cgroup_id());
 }
 
 static __always_inline void mark_holder(__u32 tgid)
@@ -178,11 +183,13 @@ static __always_inline void mark_holder(__u32 tgid)
 // opening task so that the openat-exit observer looks at the new fd.
 
 // classify walks the opener's cgroup ancestors: the deepest classified one
-// decides; *reserved_ok tells whether `reserved` is among them.
-static __always_inline __u32 classify(__u64 reserved, int *reserved_ok)
+// decides (its id goes to *matched); *reserved_ok tells whether `reserved`
+// is among them.
+static __always_inline __u32 classify(__u64 reserved, int *reserved_ok, __u64 *matched)
 {
 	__u32 prio = PRIO_NONE;
 	*reserved_ok = 0;
+	*matched = 0;
 	for (int level = 1; level < MAX_CGROUP_DEPTH; level++) {
 		__u64 id = bpf_get_current_ancestor_cgroup_id(level);
 		if (id == 0)
@@ -190,16 +197,21 @@ static __always_inline __u32 classify(__u64 reserved, int *reserved_ok)
 		if (reserved && id == reserved)
 			*reserved_ok = 1;
 		__u32 *p = bpf_map_lookup_elem(&cgroup_prio, &id);
-		if (p)
+		if (p) {
 			prio = *p;
+			*matched = id;
+		}
 	}
 	return prio;
 }
 
-static __always_inline void gate_event(__u32 type, __u32 gpu)
+// gate_event reports a verdict with the classified cgroup that decided it
+// (a pod's or a container's), which names the workload even when the
+// opener exits before user space can read /proc.
+static __always_inline void gate_event(__u32 type, __u32 gpu, __u64 cgroup_id)
 {
 	struct task_struct *t = (struct task_struct *)bpf_get_current_task();
-	emit(type, BPF_CORE_READ(t, pid), BPF_CORE_READ(t, tgid), 0, -1, gpu);
+	emit_cg(type, BPF_CORE_READ(t, pid), BPF_CORE_READ(t, tgid), 0, -1, gpu, cgroup_id);
 }
 
 SEC("cgroup/dev")
@@ -225,16 +237,17 @@ int gpud_gate(struct bpf_cgroup_dev_ctx *ctx)
 		__u64 *conf = bpf_map_lookup_elem(&gpu_confirmed, &gpu);
 		if (pol && hmark && conf) {
 			int reserved_ok = 0;
+			__u64 matched = 0;
 			__u64 reserved = now < pol->reserved_until_ns ? pol->reserved_cgroup : 0;
-			__u32 prio = classify(reserved, &reserved_ok);
+			__u32 prio = classify(reserved, &reserved_ok, &matched);
 			if (prio == PRIO_HIGH) {
 				*hmark = now;
 				mark |= 1 << 16;
 				if (pol->low)
-					gate_event(EV_GATE_HIGH, gpu);
+					gate_event(EV_GATE_HIGH, gpu, matched);
 			} else if (prio == PRIO_LOW) {
 				if (pol->high || *hmark > *conf || (reserved && !reserved_ok)) {
-					gate_event(EV_DENY, gpu);
+					gate_event(EV_DENY, gpu, matched);
 					return 0; // EPERM
 				}
 			}

@@ -99,20 +99,10 @@ func (e *enforcer) gate(ev *bpf.Event) {
 		if len(victims) == 0 {
 			return
 		}
-		pre := e.d.tracker.Identify(int(ev.TGID), ev)
+		pre := e.gateOpener(ev)
 		e.preempt(gpu, pre, victims, e.d.tracker.Wall(ev.Mono))
 	case bpf.EventDeny:
-		opener := e.d.tracker.Identify(int(ev.TGID), ev)
-		if ev.CgroupID != 0 {
-			opener.CgroupID = ev.CgroupID
-		}
-		if opener.ContainerID == "" {
-			// A refused opener often exits before /proc can be read: its
-			// cgroup (from the kernel) still names its container.
-			if w, ok := e.reg.Lookup(occupancy.ProcInfo{CgroupID: ev.CgroupID}); ok {
-				opener.ContainerID = w.ContainerID
-			}
-		}
+		opener := e.gateOpener(ev)
 		target := e.workload(opener, fmt.Sprintf("refused GPU %d, held by high priority", gpu))
 		if e.addWaiter(gpu, waiter{cgroupID: ev.CgroupID, containerID: opener.ContainerID, workload: target.Key(), since: e.d.tracker.Wall(ev.Mono)}) {
 			v := preempt.Decide(preempt.Holding{High: true}, occupancy.Low)
@@ -120,6 +110,24 @@ func (e *enforcer) gate(ev *bpf.Event) {
 			e.exec.Denied(e.ctx, gpu, v.Rule, party(opener, e.taskID(opener)), target, v.ReclaimOpener)
 		}
 	}
+}
+
+// gateOpener identifies the process behind a gate event. The event's cgroup
+// is the classified cgroup that decided (a pod's or a container's): it names
+// the workload even when the opener has exited before /proc could be read,
+// as a refused opener often has.
+func (e *enforcer) gateOpener(ev *bpf.Event) occupancy.ProcInfo {
+	info := e.d.tracker.Identify(int(ev.TGID), ev)
+	if w, ok := e.reg.Lookup(occupancy.ProcInfo{CgroupID: ev.CgroupID}); ok {
+		if info.ContainerID == "" && info.PodUID == "" {
+			info.ContainerID, info.PodUID = w.ContainerID, w.PodUID
+		}
+		info.Priority = w.Priority
+	}
+	if ev.CgroupID != 0 {
+		info.CgroupID = ev.CgroupID // the waiter's cgroup for claim 5: covers the whole workload
+	}
+	return info
 }
 
 func (e *enforcer) preempt(gpu int, pre occupancy.ProcInfo, victims []preempt.Victim, decided time.Time) {

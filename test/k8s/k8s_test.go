@@ -91,7 +91,7 @@ spec:
 }
 
 // hold makes a process in the pod open the GPU and keep it; returns its host PID.
-func hold(t *testing.T, gp, pod string) int {
+func hold(t *testing.T, holders func() []holder, pod string) int {
 	t.Helper()
 	cmd := exec.Command(env(t, "KUBECTL"), "exec", pod, "--", "sh", "-c", "exec 3<>/dev/nvidia0 && exec sleep 3600")
 	if err := cmd.Start(); err != nil {
@@ -100,7 +100,7 @@ func hold(t *testing.T, gp, pod string) int {
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	var pid int
 	eventually(t, pod+" holds the GPU", 20*time.Second, func() bool {
-		for _, h := range holders(t, gp) {
+		for _, h := range holders() {
 			if h.PodUID == podUID(t, pod) {
 				pid = h.PID
 				return true
@@ -117,19 +117,35 @@ type holder struct {
 	Priority string `json:"priority"`
 }
 
-// holders reads GPU 0's holders from gpud's own status, inside its pod.
-func holders(t *testing.T, gp string) []holder {
-	t.Helper()
-	out, err := kubectl(t, "-n", "gpud-system", "exec", gp, "--", "/gpud", "status", "-o", "json")
-	if err != nil {
-		return nil
+// podHolders reads GPU 0's holders from gpud's own status, inside its pod.
+func podHolders(t *testing.T, gp string) func() []holder {
+	return func() []holder {
+		out, err := kubectl(t, "-n", "gpud-system", "exec", gp, "--", "/gpud", "status", "-o", "json")
+		if err != nil {
+			return nil
+		}
+		return parseHolders([]byte(out))
 	}
+}
+
+// fileHolders reads GPU 0's holders from a state file on this machine.
+func fileHolders(path string) func() []holder {
+	return func() []holder {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return nil
+		}
+		return parseHolders(b)
+	}
+}
+
+func parseHolders(b []byte) []holder {
 	var st struct {
 		GPUs []struct {
 			Holders []holder `json:"holders"`
 		} `json:"gpus"`
 	}
-	if json.Unmarshal([]byte(out), &st) != nil || len(st.GPUs) == 0 {
+	if json.Unmarshal(b, &st) != nil || len(st.GPUs) == 0 {
 		return nil
 	}
 	return st.GPUs[0].Holders
@@ -193,14 +209,68 @@ patches:
 		return strings.Contains(out, "gpud started")
 	})
 
+	preemptionFlow(t, gpu, podHolders(t, gp))
+}
+
+// startHostGpud runs bin/gpud on the host (the development set-up) with
+// the given extra flags; it returns the state file's path.
+func startHostGpud(t *testing.T, dev string, flags ...string) string {
+	t.Helper()
+	root, _ := filepath.Abs("../..")
+	state := t.TempDir()
+	args := append([]string{"run", "--dev-dir", dev, "--state-file", filepath.Join(state, "state.json"),
+		"--state-dir", state, "--control-socket", "", "--docker-host", "none"}, flags...)
+	cmd := exec.Command(filepath.Join(root, "bin/gpud"), args...)
+	cmd.Env = append(os.Environ(), "KUBERNETES_SERVICE_HOST=")
+	logf, _ := os.Create(filepath.Join(state, "gpud.log"))
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Signal(unix.SIGTERM)
+		cmd.Wait()
+		if t.Failed() {
+			b, _ := os.ReadFile(filepath.Join(state, "gpud.log"))
+			t.Logf("gpud log:\n%s", b)
+		}
+	})
+	statePath := filepath.Join(state, "state.json")
+	eventually(t, "gpud running", 10*time.Second, func() bool { _, err := os.Stat(statePath); return err == nil })
+	return statePath
+}
+
+func fakeGPU(t *testing.T) (dir, node string) {
+	t.Helper()
+	dir = t.TempDir()
+	node = filepath.Join(dir, "nvidia0")
+	if err := unix.Mknod(node, unix.S_IFCHR|0o666, int(unix.Mkdev(10, 229))); err != nil {
+		t.Fatal(err)
+	}
+	return dir, node
+}
+
+// The same flow with gpud on the host, outside the cluster, with a kubeconfig.
+func TestHostGpudPreemptsOnARealCluster(t *testing.T) {
+	dev, gpu := fakeGPU(t)
+	state := startHostGpud(t, dev, "--kubeconfig", env(t, "KUBECONFIG"), "--node-name", env(t, "NODE_NAME"), "--reclaim", "evict")
+	preemptionFlow(t, gpu, fileHolders(state))
+}
+
+// preemptionFlow: an unlabeled, a low and a high pod; the high pod's open
+// preempts the low pod (processes dead, pod evicted and gone, Events on
+// both); a low open while the high pod holds the GPU gets EPERM; the
+// unlabeled pod is never touched.
+func preemptionFlow(t *testing.T, gpu string, holders func() []holder) {
+	t.Helper()
 	gpuPod(t, "plain", "", gpu)
 	gpuPod(t, "low", "low", gpu)
 	gpuPod(t, "high", "high", gpu)
-	plainPID := hold(t, gp, "plain")
-	lowPID := hold(t, gp, "low")
+	plainPID := hold(t, holders, "plain")
+	lowPID := hold(t, holders, "low")
 	lowUID := podUID(t, "low")
 	eventually(t, "the low pod's holder is classified low", 10*time.Second, func() bool {
-		for _, h := range holders(t, gp) {
+		for _, h := range holders() {
 			if h.PID == lowPID {
 				return h.Priority == "low"
 			}
@@ -212,7 +282,7 @@ patches:
 	if out := mustKubectl(t, "exec", "high", "--", "sh", "-c", "exec 3<>/dev/nvidia0 && echo opened"); out != "opened" {
 		t.Fatalf("high open: %q", out)
 	}
-	hold(t, gp, "high")
+	hold(t, holders, "high")
 	eventually(t, "the low pod's process is dead", 10*time.Second, func() bool { return !alive(lowPID) })
 	eventually(t, "the low pod is evicted and gone from the API", 30*time.Second, func() bool {
 		_, err := kubectl(t, "get", "pod", "low")
@@ -245,38 +315,20 @@ patches:
 // over CRI (kubelet copies pod labels onto the sandbox): the rules apply;
 // pods are not evicted (only the API server can).
 func TestCRIFallbackWithoutAPIServer(t *testing.T) {
-	root, _ := filepath.Abs("../..")
-	dev := t.TempDir()
-	gpu := filepath.Join(dev, "nvidia0")
-	if err := unix.Mknod(gpu, unix.S_IFCHR|0o666, int(unix.Mkdev(10, 229))); err != nil {
-		t.Fatal(err)
-	}
-	state := t.TempDir()
-	cmd := exec.Command(filepath.Join(root, "bin/gpud"), "run", "--dev-dir", dev,
-		"--state-file", filepath.Join(state, "state.json"), "--state-dir", state, "--control-socket", "",
-		"--cri-endpoint", env(t, "CONTAINERD_SOCK"), "--docker-host", "none", "--reclaim", "none")
-	cmd.Env = append(os.Environ(), "KUBECONFIG=", "KUBERNETES_SERVICE_HOST=")
-	logf, _ := os.Create(filepath.Join(state, "gpud.log"))
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Signal(unix.SIGTERM)
-		cmd.Wait()
-		if t.Failed() {
-			b, _ := os.ReadFile(filepath.Join(state, "gpud.log"))
-			st, _ := os.ReadFile(filepath.Join(state, "state.json"))
-			t.Logf("gpud log:\n%s\nstate:\n%s", b, st)
-		}
-	})
-	statePath := filepath.Join(state, "state.json")
-	eventually(t, "gpud running", 10*time.Second, func() bool { _, err := os.Stat(statePath); return err == nil })
-
+	dev, gpu := fakeGPU(t)
+	state := startHostGpud(t, dev, "--kubeconfig", "", "--cri-endpoint", env(t, "CONTAINERD_SOCK"), "--reclaim", "none")
 	gpuPod(t, "crilow", "low", gpu)
 	gpuPod(t, "crihigh", "high", gpu)
-	lowPID := holdLocal(t, statePath, "crilow")
-	// CRI has no watch: gpud lists sandboxes every CRIInterval, so a pod is
+	lowPID := hold(t, fileHolders(state), "crilow")
+	eventually(t, "the low pod's holder is classified low", 10*time.Second, func() bool {
+		for _, h := range fileHolders(state)() {
+			if h.PID == lowPID {
+				return h.Priority == "low"
+			}
+		}
+		return false
+	})
+	// CRI has no watch: gpud lists sandboxes every 500ms, so a pod is
 	// classified within that of its start (a real workload spends longer
 	// than that in CUDA initialisation before it opens a GPU).
 	time.Sleep(time.Second)
@@ -286,36 +338,41 @@ func TestCRIFallbackWithoutAPIServer(t *testing.T) {
 	eventually(t, "the low pod's process is dead", 10*time.Second, func() bool { return !alive(lowPID) })
 }
 
-// holdLocal is hold for a gpud whose state file is on this machine.
-func holdLocal(t *testing.T, statePath, pod string) int {
-	t.Helper()
-	cmd := exec.Command(env(t, "KUBECTL"), "exec", pod, "--", "sh", "-c", "exec 3<>/dev/nvidia0 && exec sleep 3600")
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+// The ServiceAccount of deploy/ can do what the flow needs, and nothing
+// else: no secrets, no nodes, no workloads, no writes to pods beyond
+// eviction and the status condition.
+func TestRBACIsLeastPrivilege(t *testing.T) {
+	root, _ := filepath.Abs("../..")
+	mustKubectl(t, "apply", "-k", filepath.Join(root, "deploy/base"))
+	t.Cleanup(func() { kubectl(t, "delete", "-k", filepath.Join(root, "deploy/base"), "--wait=true", "--timeout=60s") })
+	as := "--as=system:serviceaccount:gpud-system:gpud"
+	can := func(verb, resource string, extra ...string) bool {
+		args := []string{"auth", "can-i", verb, resource, as}
+		if res, sub, ok := strings.Cut(resource, "/"); ok {
+			args = []string{"auth", "can-i", verb, res, "--subresource=" + sub, as}
+		}
+		args = append(args, extra...)
+		out, _ := kubectl(t, args...)
+		return out == "yes"
 	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	uid := podUID(t, pod)
-	var pid int
-	eventually(t, pod+" holds the GPU, classified low", 20*time.Second, func() bool {
-		b, err := os.ReadFile(statePath)
-		if err != nil {
-			return false
+	for _, ok := range [][]string{
+		{"get", "pods"}, {"list", "pods"}, {"watch", "pods"},
+		{"create", "pods/eviction"}, {"patch", "pods/status"}, {"create", "events"},
+	} {
+		if !can(ok[0], ok[1], "-A") {
+			t.Errorf("gpud cannot %s %s: the flow needs it", ok[0], ok[1])
 		}
-		var st struct {
-			GPUs []struct {
-				Holders []holder `json:"holders"`
-			} `json:"gpus"`
+	}
+	for _, no := range [][]string{
+		{"get", "secrets"}, {"list", "secrets"}, {"get", "configmaps"},
+		{"patch", "nodes"}, {"update", "nodes"}, {"delete", "nodes"}, {"patch", "nodes/status"},
+		{"create", "pods"}, {"delete", "pods"}, {"update", "pods"}, {"patch", "pods"}, {"create", "pods/exec"},
+		{"create", "deployments.apps"}, {"patch", "daemonsets.apps"}, {"delete", "statefulsets.apps"},
+		{"create", "jobs.batch"}, {"create", "serviceaccounts/token"}, {"update", "events"},
+		{"create", "clusterrolebindings.rbac.authorization.k8s.io"}, {"*", "*"},
+	} {
+		if can(no[0], no[1], "-A") {
+			t.Errorf("gpud can %s %s: more than it needs", no[0], no[1])
 		}
-		if json.Unmarshal(b, &st) != nil || len(st.GPUs) == 0 {
-			return false
-		}
-		for _, h := range st.GPUs[0].Holders {
-			if h.PodUID == uid && h.Priority == "low" {
-				pid = h.PID
-				return true
-			}
-		}
-		return false
-	})
-	return pid
+	}
 }
