@@ -8,8 +8,10 @@ LDFLAGS   := -X main.version=$(VERSION)
 # Privileged packages share the kernel and the fake GPU device numbers: one at a time.
 TESTFLAGS ?= -count=1 -p 1 -timeout 30m
 BENCHTIME ?= 1x
+IMAGE     ?= gpud.local/gpud:dev
+CLUSTER_DIR ?= /tmp/gpud-cluster
 
-.PHONY: all build generate test unit bench demo lint clean image test-k8s
+.PHONY: all build generate test unit bench demo lint clean image test-k8s k8s cluster-up cluster-down
 
 all: build
 
@@ -23,13 +25,21 @@ generate:
 
 # Everything, privileged tests included: real BPF in the kernel, real Docker
 # containers. A private dockerd is started for the run and stopped after.
-test: build
+# Then the Kubernetes end-to-end tests on a real one-node cluster (built
+# once into a cache outside the repo, brought up for the run, torn down
+# after, even when a test fails).
+test: build k8s
 	scripts/deps.sh build test
 	scripts/dockerd.sh start
-	@set -e; trap 'scripts/dockerd.sh stop' EXIT; \
+	@set -e; trap 'scripts/cluster.sh down $(CLUSTER_DIR); scripts/dockerd.sh stop' EXIT; \
 	scripts/image.sh; \
 	$(GO) vet ./...; \
-	$(GO) test $(TESTFLAGS) ./...
+	$(GO) test $(TESTFLAGS) ./...; \
+	scripts/gpud-image.sh $(BIN) $(IMAGE) bin/gpud-image.tar; \
+	scripts/cluster.sh up $(CLUSTER_DIR); \
+	. $(CLUSTER_DIR)/env; \
+	ctr -n k8s.io -a $$CONTAINERD_SOCK images import bin/gpud-image.tar >/dev/null; \
+	$(GO) test -tags k8s -count=1 -timeout 15m ./test/k8s/
 
 # Unprivileged unit tests only (no root needed; privileged tests skip outside CI).
 unit:
@@ -47,7 +57,6 @@ demo: build
 
 # gpud's container image through the local Docker engine, nothing pulled;
 # also saved to bin/gpud-image.tar for `ctr -n k8s.io images import`.
-IMAGE ?= gpud.local/gpud:dev
 image: build
 	scripts/deps.sh docker
 	scripts/dockerd.sh start
@@ -75,7 +84,6 @@ clean:
 # builds the binaries once into /var/cache/gpud-k8s (GPUD_K8S_CACHE);
 # `cluster-up` starts the cluster in $(CLUSTER_DIR) (source $(CLUSTER_DIR)/env),
 # `cluster-down` stops it and removes everything it made.
-CLUSTER_DIR ?= /tmp/gpud-cluster
 
 .PHONY: k8s cluster-up cluster-down
 
