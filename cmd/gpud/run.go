@@ -70,6 +70,13 @@ func cmdRun(args []string) error {
 	fs.StringVar(&cfg.CheckpointRoot, "checkpoint-root", "/var/lib/gpud/checkpoints", "where gpud-preempted.json notices go, one directory per task id")
 	fs.StringVar(&cfg.KubeConfig, "kubeconfig", "", "API server for pod labels (default: in-cluster config when in a pod, else none)")
 	fs.StringVar(&cfg.CRIEndpoint, "cri-endpoint", "", "container runtime socket for pod labels when there is no API server (default: containerd's or CRI-O's if present; none disables)")
+	fs.BoolVar(&cfg.DevicePlugin, "device-plugin", false, "lend idle GPUs to kubelet as --resource-name through a device plugin")
+	fs.StringVar(&cfg.ResourceName, "resource-name", "gpud.io/idle-gpu", "extended resource of lent GPUs")
+	fs.StringVar(&cfg.OwnerResource, "owner-resource", "nvidia.com/gpu", "resource through which pods own GPUs (their owners)")
+	fs.StringVar(&cfg.KubeletDir, "kubelet-dir", "/var/lib/kubelet/device-plugins", "kubelet's device-plugin directory (kubelet.sock)")
+	fs.StringVar(&cfg.PodResourcesSocket, "pod-resources-socket", "/var/lib/kubelet/pod-resources/kubelet.sock", "kubelet's PodResources socket")
+	fs.StringVar(&cfg.HostDevDir, "host-dev-dir", "", "--dev-dir as the host sees it, for lent device nodes when gpud runs in a pod (default: the same)")
+	fs.BoolVar(&cfg.LendFree, "lend-free", false, "also lend GPUs nobody holds (not only idle ones)")
 	fs.StringVar(&cfg.DockerHost, "docker-host", "", "Docker engine for labels and reclaim (default $DOCKER_HOST or the local socket; none disables)")
 	if err := parse(fs, args); err != nil {
 		return err

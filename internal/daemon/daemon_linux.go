@@ -19,6 +19,7 @@ import (
 	"github.com/docker/docker/client"
 	"github.com/gpud/gpud/bpf"
 	"github.com/gpud/gpud/internal/cgroups"
+	"github.com/gpud/gpud/internal/deviceplugin"
 	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/preempt"
 	"github.com/gpud/gpud/internal/priority"
@@ -57,6 +58,15 @@ type Config struct {
 	// sandboxes when there is no API server; "" picks containerd's or
 	// CRI-O's default socket when present, "none" disables.
 	CRIEndpoint string
+
+	// Lending idle GPUs through a kubelet device plugin (claim 1).
+	DevicePlugin       bool
+	ResourceName       string // default gpud.io/idle-gpu
+	OwnerResource      string // default nvidia.com/gpu
+	KubeletDir         string // default /var/lib/kubelet/device-plugins
+	PodResourcesSocket string // default /var/lib/kubelet/pod-resources/kubelet.sock
+	LendFree           bool
+	HostDevDir         string // --dev-dir as the host sees it (gpud in a pod); "" = the same
 	// NVML overrides the library (tests inject go-nvml's mock).
 	NVML nvml.Interface
 }
@@ -83,6 +93,8 @@ type Daemon struct {
 	pods     *priority.Pods
 	cri      *priority.CRI
 	events   *podEvents
+	lender   *lender
+	plugin   *deviceplugin.Plugin
 	denials  atomic.Uint64
 }
 
@@ -195,6 +207,9 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 		},
 	}
 	d.ledger.OnChange(d.writer.Kick)
+	if cfg.DevicePlugin {
+		d.setupLending()
+	}
 	// Attached first, scanned second: whatever changes during the scan is
 	// also in the ring buffer, and applying it again is idempotent.
 	if err := d.tracker.Resync(); err != nil {
@@ -268,6 +283,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if d.cri != nil {
 		wg.Add(1)
 		go func() { defer wg.Done(); d.cri.Run(ctx) }()
+	}
+	if d.plugin != nil {
+		wg.Add(2)
+		go func() { defer wg.Done(); d.lender.run(ctx) }()
+		go func() { defer wg.Done(); d.plugin.Run(ctx) }()
 	}
 	if d.pods != nil {
 		wg.Add(2)
@@ -492,3 +512,26 @@ func criEndpoint(v string) string {
 	}
 	return v
 }
+
+func orDefault(v, def string) string {
+	if v == "" {
+		return def
+	}
+	return v
+}
+
+// setupLending builds the lender and its device plugin.
+func (d *Daemon) setupLending() {
+	cfg := d.cfg
+	d.lender = newLender(d, orDefault(cfg.ResourceName, "gpud.io/idle-gpu"), orDefault(cfg.OwnerResource, "nvidia.com/gpu"),
+		orDefault(cfg.PodResourcesSocket, "/var/lib/kubelet/pod-resources/kubelet.sock"), cfg.LendFree)
+	d.plugin = &deviceplugin.Plugin{
+		ResourceName: d.lender.resource, KubeletDir: orDefault(cfg.KubeletDir, "/var/lib/kubelet/device-plugins"),
+		Endpoint: "gpud.sock", Backend: d.lender, Log: d.log,
+	}
+	d.ledger.OnChange(func() { d.writer.Kick(); d.lender.ledgerChanged() })
+	d.writer.Decorate = d.lender.decorate
+}
+
+// Plugin exposes the device plugin (tests).
+func (d *Daemon) Plugin() *deviceplugin.Plugin { return d.plugin }

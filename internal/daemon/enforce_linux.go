@@ -203,7 +203,8 @@ func (e *enforcer) opened(info occupancy.ProcInfo, gpu int, ev *bpf.Event) {
 			e.preempt(gpu, info, e.lowHolders(gpu, fmt.Sprintf("a high-priority process opened GPU %d", gpu)), e.d.tracker.Wall(ev.Mono))
 		}
 	case occupancy.Low:
-		if counts.High > 0 {
+		// A borrower opening its lent GPU while the owner idles is the loan.
+		if counts.High > 0 && (e.d.lender == nil || !e.d.lender.isLent(gpu)) {
 			// Got past the gate unclassified: the deny rule, after the fact.
 			v := preempt.Decide(preempt.Holding{High: true}, occupancy.Low)
 			e.exec.Preempt(e.ctx, gpu, v.Rule+" (after the open)", preempt.Party{},
@@ -236,6 +237,11 @@ func (e *enforcer) sync(mono uint64) {
 				"cgroup_id", e.reserved[gpu].cgroupID, "container_id", e.reserved[gpu].containerID, "ttl", e.ttl)
 		}
 		p := bpf.GPUPolicy{High: c.High, Low: c.Low}
+		if e.d.lender != nil && e.d.lender.isLent(gpu) {
+			// Lent: the owner's idle hold does not block its borrower; the
+			// owner's next open still preempts the borrower (gate-high).
+			p.High = 0
+		}
 		if r, ok := e.reserved[gpu]; ok {
 			p.ReservedCgroup, p.ReservedUntil = r.cgroupID, e.until[gpu]
 		}

@@ -17,7 +17,9 @@ type Writer struct {
 	Monitoring func() bool
 	// Preemptions, when set, supplies the state file's preemptions[].
 	Preemptions func() []Preemption
-	Log         *slog.Logger
+	// Decorate, when set, adds what the ledger does not know (loans).
+	Decorate func(*StateFile)
+	Log      *slog.Logger
 
 	kick    chan struct{}
 	once    sync.Once
@@ -63,6 +65,9 @@ func (w *Writer) write() {
 	f := Render(snap, w.Node, w.Monitoring == nil || w.Monitoring())
 	if w.Preemptions != nil {
 		f.Preemptions = w.Preemptions()
+	}
+	if w.Decorate != nil {
+		w.Decorate(&f)
 	}
 	if err := WriteStateFile(w.Path, &f); err != nil {
 		if w.Log != nil {

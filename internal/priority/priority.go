@@ -87,6 +87,51 @@ type Registry struct {
 	byContainer map[string]Workload
 	byCgroup    map[uint64]Workload
 	malformed   map[string]bool
+	overrides   map[string]occupancy.Priority // pod uid → class forced by lending
+}
+
+// effective applies a lending override to a workload's class.
+func (r *Registry) effective(w Workload) Workload {
+	if p, ok := r.overrides[w.PodUID]; ok && w.PodUID != "" {
+		w.Priority = p
+	}
+	return w
+}
+
+// Override forces a pod's class whatever its label (lending: a borrower is
+// low, a GPU's owner high); "" removes the override.
+func (r *Registry) Override(podUID string, p occupancy.Priority) {
+	r.mu.Lock()
+	if r.overrides == nil {
+		r.overrides = map[string]occupancy.Priority{}
+	}
+	if r.overrides[podUID] == p {
+		r.mu.Unlock()
+		return
+	}
+	if p == "" {
+		delete(r.overrides, podUID)
+	} else {
+		r.overrides[podUID] = p
+	}
+	w, ok := r.byContainer[podKey(podUID)]
+	w = r.effective(w)
+	r.mu.Unlock()
+	if ok && w.CgroupID != 0 && r.OnChange != nil {
+		r.OnChange(w.CgroupID, gateClass(w.Priority))
+	}
+}
+
+// PodByName returns a known pod by namespace and name.
+func (r *Registry) PodByName(namespace, name string) (Workload, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, w := range r.byContainer {
+		if w.PodUID != "" && w.Namespace == namespace && w.Name == name {
+			return r.effective(w), true
+		}
+	}
+	return Workload{}, false
 }
 
 // Classify returns the workload's class from its labels, reporting a
@@ -149,7 +194,10 @@ func (r *Registry) Put(w Workload) {
 		r.OnChange(old.CgroupID, "")
 	}
 	if w.CgroupID != 0 {
-		r.OnChange(w.CgroupID, gateClass(w.Priority))
+		r.mu.Lock()
+		e := r.effective(w)
+		r.mu.Unlock()
+		r.OnChange(w.CgroupID, gateClass(e.Priority))
 	}
 }
 
@@ -186,17 +234,17 @@ func (r *Registry) Lookup(info occupancy.ProcInfo) (Workload, bool) {
 	defer r.mu.Unlock()
 	if info.ContainerID != "" {
 		if w, ok := r.byContainer[info.ContainerID]; ok {
-			return w, true
+			return r.effective(w), true
 		}
 	}
 	if info.PodUID != "" {
 		if w, ok := r.byContainer[podKey(info.PodUID)]; ok {
-			return w, true
+			return r.effective(w), true
 		}
 	}
 	if info.CgroupID != 0 {
 		if w, ok := r.byCgroup[info.CgroupID]; ok {
-			return w, true
+			return r.effective(w), true
 		}
 	}
 	return Workload{}, false

@@ -99,6 +99,13 @@ func hold(t *testing.T, holders func() []holder, pod string) int {
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	var pid int
+	defer func() {
+		if t.Failed() {
+			out, _ := kubectl(t, "exec", pod, "--", "sh", "-c", "exec 3<>/dev/nvidia0 && echo opened")
+			ev, _ := kubectl(t, "get", "events", "--field-selector", "involvedObject.name="+pod, "-o", "jsonpath={range .items[*]}{.reason}: {.message}{\"\\n\"}{end}")
+			t.Logf("%s: a new open now: %q; holders: %+v; events:\n%s", pod, out, holders(), ev)
+		}
+	}()
 	eventually(t, pod+" holds the GPU", 20*time.Second, func() bool {
 		for _, h := range holders() {
 			if h.PodUID == podUID(t, pod) {

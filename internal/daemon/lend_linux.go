@@ -1,0 +1,371 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gpud/gpud/internal/deviceplugin"
+	"github.com/gpud/gpud/internal/occupancy"
+	"github.com/gpud/gpud/internal/preempt"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+)
+
+// lender is the device plugin's backend (patent claim 1's lending): one
+// device per physical GPU, Healthy while the GPU is lendable, and the
+// bookkeeping of owners and borrowers from kubelet's PodResources.
+type lender struct {
+	deviceplugin.Notifier
+	d             *Daemon
+	resource      string // gpud.io/idle-gpu
+	ownerResource string // the resource through which owners hold GPUs, e.g. nvidia.com/gpu
+	podResources  string // kubelet's pod-resources socket
+	lendFree      bool
+
+	kick      chan struct{}
+	mu        sync.Mutex
+	last      map[string]bool     // device ID → healthy, as last listed
+	owners    map[int]podRef      // GPU → owner pod (PodResources)
+	borrowers map[int]podRef      // GPU → borrower pod (PodResources)
+	pending   map[int]time.Time   // GPU → allocated, borrower not yet seen in PodResources
+	overrides map[string]struct{} // pod uids whose class the lender forced
+}
+
+type podRef struct {
+	Namespace, Name, UID string
+}
+
+func (p podRef) String() string {
+	if p.Name == "" {
+		return ""
+	}
+	return p.Namespace + "/" + p.Name
+}
+
+func newLender(d *Daemon, resource, ownerResource, podResources string, lendFree bool) *lender {
+	return &lender{d: d, resource: resource, ownerResource: ownerResource, podResources: podResources,
+		lendFree: lendFree, kick: make(chan struct{}, 1), last: map[string]bool{}, owners: map[int]podRef{}, borrowers: map[int]podRef{},
+		pending: map[int]time.Time{}, overrides: map[string]struct{}{}}
+}
+
+// deviceID names GPU g to kubelet.
+func deviceID(g occupancy.GPU) string { return "gpu-" + strconv.Itoa(g.Index) }
+
+func gpuOfDevice(id string) (int, bool) {
+	n, err := strconv.Atoi(strings.TrimPrefix(id, "gpu-"))
+	return n, err == nil && strings.HasPrefix(id, "gpu-")
+}
+
+// lendable reports whether a GPU in this state may be lent now.
+func (l *lender) lendable(g occupancy.GPUView) bool {
+	return g.State == occupancy.Idle || (l.lendFree && g.State == occupancy.Free)
+}
+
+func (l *lender) Devices() []deviceplugin.Device {
+	snap := l.d.ledger.Snapshot(time.Now())
+	var out []deviceplugin.Device
+	for _, g := range snap.GPUs {
+		out = append(out, deviceplugin.Device{ID: deviceID(g.GPU), Healthy: l.lendable(g)})
+	}
+	return out
+}
+
+// ledgerChanged is the ledger's change hook: it never blocks, and the
+// work is done (coalesced) by run.
+func (l *lender) ledgerChanged() {
+	select {
+	case l.kick <- struct{}{}:
+	default:
+	}
+}
+
+// changed re-lists when a GPU's lendability changed.
+func (l *lender) changed() {
+	devs := l.Devices()
+	l.mu.Lock()
+	diff := false
+	for _, d := range devs {
+		if h, ok := l.last[d.ID]; !ok || h != d.Healthy {
+			l.last[d.ID] = d.Healthy
+			diff = true
+		}
+	}
+	l.mu.Unlock()
+	if diff {
+		l.Notify()
+	}
+}
+
+// Preferred: the longest-idle GPUs first.
+func (l *lender) Preferred(available, mustInclude []string, size int) []string {
+	snap := l.d.ledger.Snapshot(time.Now())
+	since := map[string]time.Time{}
+	for _, g := range snap.GPUs {
+		since[deviceID(g.GPU)] = g.LastActive
+	}
+	rest := slices.Clone(available)
+	sort.SliceStable(rest, func(i, j int) bool { return since[rest[i]].Before(since[rest[j]]) })
+	out := slices.Clone(mustInclude)
+	for _, id := range rest {
+		if len(out) >= size {
+			break
+		}
+		if !slices.Contains(out, id) {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// controlNodes are the NVIDIA driver's shared nodes a container needs
+// besides its GPU's own node; those that exist in the device dir are passed.
+var controlNodes = []string{"nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"}
+
+// Allocate lends GPUs that are lendable now; a GPU that stopped being
+// lendable since the last list is refused, never silently granted.
+func (l *lender) Allocate(ids []string) (*pluginapi.ContainerAllocateResponse, error) {
+	snap := l.d.ledger.Snapshot(time.Now())
+	byIdx := map[int]occupancy.GPUView{}
+	for _, g := range snap.GPUs {
+		byIdx[g.Index] = g
+	}
+	var r pluginapi.ContainerAllocateResponse
+	r.Envs = map[string]string{}
+	var visible, indexes, owners []string
+	for _, id := range ids {
+		idx, ok := gpuOfDevice(id)
+		g, known := byIdx[idx]
+		if !ok || !known {
+			return nil, fmt.Errorf("%w: unknown device %q", deviceplugin.ErrRefused, id)
+		}
+		if !l.lendable(g) {
+			return nil, fmt.Errorf("%w: GPU %d is no longer lendable (%s since the last list)", deviceplugin.ErrRefused, idx, g.State)
+		}
+		r.Devices = append(r.Devices, &pluginapi.DeviceSpec{
+			HostPath: l.hostPath(g.Device), ContainerPath: "/dev/nvidia" + strconv.Itoa(idx), Permissions: "rw"})
+		if g.UUID != "" {
+			visible = append(visible, g.UUID)
+		} else {
+			visible = append(visible, strconv.Itoa(idx))
+		}
+		indexes = append(indexes, strconv.Itoa(idx))
+		owners = append(owners, l.ownerOf(idx, g))
+		// claim 6: the task last preempted from this GPU and not resumed yet
+		// gets its checkpoint directory back (kubelet does not tell Allocate
+		// which pod asks).
+		if task := l.resumableTask(idx); task != "" && l.d.cfg.CheckpointRoot != "" {
+			if dir, err := preempt.TaskDir(l.d.cfg.CheckpointRoot, task); err == nil {
+				r.Mounts = append(r.Mounts, &pluginapi.Mount{ContainerPath: "/gpud-checkpoint", HostPath: dir})
+				r.Envs["GPUD_RESUME_FROM"] = "/gpud-checkpoint"
+			}
+		}
+		l.mu.Lock()
+		l.pending[idx] = time.Now()
+		l.mu.Unlock()
+	}
+	for _, n := range controlNodes {
+		p := filepath.Join(l.d.cfg.DevDir, n)
+		if st, err := os.Stat(p); err == nil && st.Mode()&os.ModeCharDevice != 0 {
+			r.Devices = append(r.Devices, &pluginapi.DeviceSpec{HostPath: l.hostPath(p), ContainerPath: "/dev/" + n, Permissions: "rw"})
+		}
+	}
+	r.Envs["NVIDIA_VISIBLE_DEVICES"] = strings.Join(visible, ",")
+	r.Envs["GPUD_GPU"] = strings.Join(indexes, ",")
+	r.Envs["GPUD_OWNER"] = strings.Join(owners, ",")
+	l.d.log.Info("lending GPUs", "gpus", indexes, "owners", owners)
+	go l.refresh(context.Background()) // the borrower shows in PodResources once admitted
+	return &r, nil
+}
+
+// hostPath turns a node in gpud's --dev-dir into its path on the host
+// (--host-dev-dir): in a pod gpud sees the host's /dev elsewhere.
+func (l *lender) hostPath(p string) string {
+	if l.d.cfg.HostDevDir == "" {
+		return p
+	}
+	return filepath.Join(l.d.cfg.HostDevDir, filepath.Base(p))
+}
+
+// ownerOf names a GPU's owner: the pod holding it through the owner
+// resource, else the workload that held it when it went idle.
+func (l *lender) ownerOf(idx int, g occupancy.GPUView) string {
+	l.mu.Lock()
+	o := l.owners[idx]
+	l.mu.Unlock()
+	if o.Name != "" {
+		return o.String()
+	}
+	for _, h := range g.Holders {
+		if w, ok := l.d.registry.Lookup(h.ProcInfo); ok && w.PodUID != "" {
+			return w.Namespace + "/" + w.Name
+		}
+		if h.ContainerID != "" {
+			return "container/" + shortID(h.ContainerID)
+		}
+	}
+	return ""
+}
+
+func (l *lender) resumableTask(gpu int) string {
+	recs := l.d.journal.Recent()
+	for i := len(recs) - 1; i >= 0; i-- {
+		r := recs[i]
+		if r.GPU == gpu && r.Action == preempt.ActionKill && r.Victim.TaskID != "" {
+			if r.ResumedAt == nil {
+				return r.Victim.TaskID
+			}
+			return ""
+		}
+	}
+	return ""
+}
+
+// refresh reads owners and borrowers from PodResources and forces their
+// classes: a borrower is low priority whatever its label, an owner high
+// (so that the owner's open preempts its borrower through the rules).
+func (l *lender) refresh(ctx context.Context) {
+	alloc, err := deviceplugin.ListAllocated(ctx, l.podResources)
+	if err != nil {
+		l.d.log.Debug("pod resources", "error", err)
+		return
+	}
+	owners, borrowers := map[int]podRef{}, map[int]podRef{}
+	for _, p := range alloc[l.resource] {
+		for _, id := range p.DeviceIDs {
+			if idx, ok := gpuOfDevice(id); ok {
+				borrowers[idx] = l.ref(p)
+			}
+		}
+	}
+	for _, p := range alloc[l.ownerResource] {
+		for _, id := range p.DeviceIDs {
+			if idx, ok := l.gpuOfOwnerDevice(id); ok {
+				owners[idx] = l.ref(p)
+			}
+		}
+	}
+	forced := map[string]occupancy.Priority{}
+	for _, o := range owners {
+		if o.UID != "" {
+			forced[o.UID] = occupancy.High
+		}
+	}
+	for _, b := range borrowers {
+		if b.UID != "" {
+			forced[b.UID] = occupancy.Low
+		}
+	}
+	l.mu.Lock()
+	changed := !mapsEqual(owners, l.owners) || !mapsEqual(borrowers, l.borrowers)
+	l.owners, l.borrowers = owners, borrowers
+	// A pending loan stays until it expires: PodResources can still list the
+	// previous borrower, or not list the new one yet, while it is admitted.
+	for idx, t := range l.pending {
+		if time.Since(t) > 30*time.Second {
+			delete(l.pending, idx)
+		}
+	}
+	var clear []string
+	for uid := range l.overrides {
+		if _, ok := forced[uid]; !ok {
+			clear = append(clear, uid)
+			delete(l.overrides, uid)
+		}
+	}
+	for uid := range forced {
+		l.overrides[uid] = struct{}{}
+	}
+	l.mu.Unlock()
+	for _, uid := range clear {
+		l.d.registry.Override(uid, "")
+	}
+	for uid, p := range forced {
+		l.d.registry.Override(uid, p)
+	}
+	if changed {
+		l.d.ledger.Reclassify(l.d.registry.ClassifyProc)
+		l.d.writer.Kick()
+	}
+}
+
+func (l *lender) ref(p deviceplugin.PodDevices) podRef {
+	r := podRef{Namespace: p.Namespace, Name: p.Name}
+	if w, ok := l.d.registry.PodByName(p.Namespace, p.Name); ok {
+		r.UID = w.PodUID
+	}
+	return r
+}
+
+// gpuOfOwnerDevice maps another plugin's device ID to a GPU: NVIDIA's
+// plugin uses GPU UUIDs; an index or "nvidiaN" is accepted too.
+func (l *lender) gpuOfOwnerDevice(id string) (int, bool) {
+	for _, g := range l.d.gpus {
+		if (g.UUID != "" && id == g.UUID) || id == strconv.Itoa(g.Index) || id == "nvidia"+strconv.Itoa(g.Index) || id == deviceID(g) {
+			return g.Index, true
+		}
+	}
+	return 0, false
+}
+
+func mapsEqual(a, b map[int]podRef) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// isLent reports whether gpu is lent (allocated to a borrower, or about to be).
+func (l *lender) isLent(gpu int) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, ok := l.borrowers[gpu]; ok {
+		return true
+	}
+	t, ok := l.pending[gpu]
+	return ok && time.Since(t) < 30*time.Second
+}
+
+// decorate shows loans in the state file: state lent, owner, borrower.
+func (l *lender) decorate(f *occupancy.StateFile) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i := range f.GPUs {
+		g := &f.GPUs[i]
+		if o := l.owners[g.Index]; o.Name != "" {
+			g.Owner = o.String()
+		}
+		if b := l.borrowers[g.Index]; b.Name != "" {
+			g.Borrower = b.String()
+			g.State = occupancy.Lent
+		}
+	}
+}
+
+// run keeps owners and borrowers current and the device list in step.
+func (l *lender) run(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-l.kick:
+			l.changed()
+		case <-t.C:
+			l.refresh(ctx)
+			l.changed()
+		}
+	}
+}

@@ -1,0 +1,335 @@
+// Package deviceplugin serves a kubelet device plugin (deviceplugin/v1beta1)
+// for one resource. What the devices are, and what an allocation gives a
+// container, comes from a Backend: gpud's lender of idle GPUs, or the
+// test-only stand-in for nvidia.com/gpu. The plugin registers once its own
+// socket serves, and again whenever kubelet.sock is re-created (kubelet
+// deletes every plugin socket when it starts).
+package deviceplugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+)
+
+// Device is one device as the plugin lists it.
+type Device struct {
+	ID      string
+	Healthy bool
+}
+
+// Backend decides what the plugin lists and allocates.
+type Backend interface {
+	// Devices is the current list.
+	Devices() []Device
+	// Subscribe returns a channel that receives after every change of the
+	// list, and a function that ends the subscription.
+	Subscribe() (<-chan struct{}, func())
+	// Preferred picks size devices among available (mustInclude first).
+	Preferred(available, mustInclude []string, size int) []string
+	// Allocate returns what a container allocated ids gets, or an error
+	// (the request is refused, never silently granted).
+	Allocate(ids []string) (*pluginapi.ContainerAllocateResponse, error)
+}
+
+// ErrRefused marks an allocation the backend refuses; the kubelet gets a
+// FailedPrecondition with the reason.
+var ErrRefused = errors.New("allocation refused")
+
+// Plugin is one device plugin.
+type Plugin struct {
+	ResourceName string
+	KubeletDir   string // the device-plugins directory, holding kubelet.sock
+	Endpoint     string // this plugin's socket file name in KubeletDir
+	Backend      Backend
+	Log          *slog.Logger
+	// Registered, when set, is called after each successful registration.
+	Registered func()
+
+	mu         sync.Mutex
+	registered bool
+}
+
+// IsRegistered reports whether the plugin is registered with the current kubelet.
+func (p *Plugin) IsRegistered() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.registered
+}
+
+func (p *Plugin) setRegistered(v bool) {
+	p.mu.Lock()
+	p.registered = v
+	p.mu.Unlock()
+}
+
+// Run serves and registers until ctx ends.
+func (p *Plugin) Run(ctx context.Context) error {
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return fmt.Errorf("deviceplugin: %w", err)
+	}
+	defer w.Close()
+	if err := os.MkdirAll(p.KubeletDir, 0o755); err != nil {
+		return fmt.Errorf("deviceplugin: %w", err)
+	}
+	if err := w.Add(p.KubeletDir); err != nil {
+		return fmt.Errorf("deviceplugin: watching %s: %w", p.KubeletDir, err)
+	}
+	for ctx.Err() == nil {
+		srv, err := p.serve()
+		if err != nil {
+			p.Log.Error("device plugin: serving", "resource", p.ResourceName, "error", err)
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(time.Second):
+				continue
+			}
+		}
+		regCtx, cancelReg := context.WithCancel(ctx)
+		go p.registerLoop(regCtx)
+		restart := p.waitRestart(ctx, w)
+		cancelReg()
+		p.setRegistered(false)
+		srv.Stop()
+		if !restart {
+			break
+		}
+		p.Log.Info("device plugin: kubelet restarted or our socket went; serving and registering again", "resource", p.ResourceName)
+	}
+	os.Remove(filepath.Join(p.KubeletDir, p.Endpoint))
+	return nil
+}
+
+// waitRestart waits for a reason to serve again: kubelet.sock re-created,
+// or our own socket removed. It returns false when ctx ends.
+func (p *Plugin) waitRestart(ctx context.Context, w *fsnotify.Watcher) bool {
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case ev := <-w.Events:
+			name := filepath.Base(ev.Name)
+			if name == kubeletSocket && ev.Has(fsnotify.Create) {
+				return true
+			}
+			if name == p.Endpoint && (ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename)) {
+				// Our own replacement of a stale socket removes a file too:
+				// only a socket that is really gone means serving again.
+				if _, err := os.Stat(filepath.Join(p.KubeletDir, p.Endpoint)); err == nil {
+					continue
+				}
+				return true
+			}
+		case err := <-w.Errors:
+			p.Log.Warn("device plugin: watching the kubelet directory", "error", err)
+		}
+	}
+}
+
+func (p *Plugin) serve() (*grpc.Server, error) {
+	path := filepath.Join(p.KubeletDir, p.Endpoint)
+	_ = os.Remove(path)
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, err
+	}
+	srv := grpc.NewServer()
+	pluginapi.RegisterDevicePluginServer(srv, &service{p: p})
+	go srv.Serve(ln)
+	return srv, nil
+}
+
+// registerLoop registers with kubelet, retrying until it succeeds.
+func (p *Plugin) registerLoop(ctx context.Context) {
+	backoff := 50 * time.Millisecond
+	for ctx.Err() == nil {
+		err := p.register(ctx)
+		if err == nil {
+			p.setRegistered(true)
+			p.Log.Info("device plugin registered", "resource", p.ResourceName, "endpoint", p.Endpoint)
+			if p.Registered != nil {
+				p.Registered()
+			}
+			return
+		}
+		p.Log.Debug("device plugin: registration failed; retrying", "error", err, "backoff", backoff)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		if backoff < 2*time.Second {
+			backoff *= 2
+		}
+	}
+}
+
+func (p *Plugin) register(ctx context.Context) error {
+	sock := filepath.Join(p.KubeletDir, kubeletSocket)
+	if _, err := os.Stat(sock); err != nil {
+		return err
+	}
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_, err = pluginapi.NewRegistrationClient(conn).Register(cctx, &pluginapi.RegisterRequest{
+		Version:      pluginapi.Version,
+		Endpoint:     p.Endpoint,
+		ResourceName: p.ResourceName,
+		Options:      &pluginapi.DevicePluginOptions{GetPreferredAllocationAvailable: true},
+	})
+	return err
+}
+
+type service struct {
+	pluginapi.UnimplementedDevicePluginServer
+	p *Plugin
+}
+
+func (s *service) GetDevicePluginOptions(context.Context, *pluginapi.Empty) (*pluginapi.DevicePluginOptions, error) {
+	return &pluginapi.DevicePluginOptions{GetPreferredAllocationAvailable: true}, nil
+}
+
+func list(b Backend) *pluginapi.ListAndWatchResponse {
+	var out pluginapi.ListAndWatchResponse
+	for _, d := range b.Devices() {
+		h := pluginapi.Unhealthy
+		if d.Healthy {
+			h = pluginapi.Healthy
+		}
+		out.Devices = append(out.Devices, &pluginapi.Device{ID: d.ID, Health: h})
+	}
+	return &out
+}
+
+func (s *service) ListAndWatch(_ *pluginapi.Empty, stream grpc.ServerStreamingServer[pluginapi.ListAndWatchResponse]) error {
+	ch, cancel := s.p.Backend.Subscribe()
+	defer cancel()
+	last := list(s.p.Backend)
+	if err := stream.Send(last); err != nil {
+		return err
+	}
+	for {
+		select {
+		case <-stream.Context().Done():
+			return nil
+		case <-ch:
+			cur := list(s.p.Backend)
+			if same(cur, last) {
+				continue
+			}
+			if err := stream.Send(cur); err != nil {
+				return err
+			}
+			last = cur
+		}
+	}
+}
+
+func same(a, b *pluginapi.ListAndWatchResponse) bool {
+	if len(a.Devices) != len(b.Devices) {
+		return false
+	}
+	for i := range a.Devices {
+		if a.Devices[i].ID != b.Devices[i].ID || a.Devices[i].Health != b.Devices[i].Health {
+			return false
+		}
+	}
+	return true
+}
+
+func (s *service) GetPreferredAllocation(_ context.Context, req *pluginapi.PreferredAllocationRequest) (*pluginapi.PreferredAllocationResponse, error) {
+	var out pluginapi.PreferredAllocationResponse
+	for _, r := range req.ContainerRequests {
+		if r == nil || r.AllocationSize < 0 || int(r.AllocationSize) > len(r.AvailableDeviceIDs) {
+			return nil, status.Error(codes.InvalidArgument, "preferred allocation: size out of range")
+		}
+		out.ContainerResponses = append(out.ContainerResponses, &pluginapi.ContainerPreferredAllocationResponse{
+			DeviceIDs: s.p.Backend.Preferred(r.AvailableDeviceIDs, r.MustIncludeDeviceIDs, int(r.AllocationSize)),
+		})
+	}
+	return &out, nil
+}
+
+func (s *service) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
+	var out pluginapi.AllocateResponse
+	if len(req.ContainerRequests) == 0 {
+		return nil, status.Error(codes.InvalidArgument, "allocate: no container requests")
+	}
+	for _, r := range req.ContainerRequests {
+		if r == nil || len(r.DevicesIds) == 0 {
+			return nil, status.Error(codes.InvalidArgument, "allocate: a container request names no device")
+		}
+		resp, err := s.p.Backend.Allocate(r.DevicesIds)
+		if err != nil {
+			s.p.Log.Warn("device plugin: allocation refused", "resource", s.p.ResourceName, "devices", r.DevicesIds, "error", err)
+			if errors.Is(err, ErrRefused) {
+				return nil, status.Error(codes.FailedPrecondition, err.Error())
+			}
+			return nil, status.Error(codes.Internal, err.Error())
+		}
+		out.ContainerResponses = append(out.ContainerResponses, resp)
+	}
+	return &out, nil
+}
+
+func (s *service) PreStartContainer(context.Context, *pluginapi.PreStartContainerRequest) (*pluginapi.PreStartContainerResponse, error) {
+	return &pluginapi.PreStartContainerResponse{}, nil
+}
+
+// Notifier is the subscription half of a Backend: Notify after every change.
+type Notifier struct {
+	mu   sync.Mutex
+	subs map[chan struct{}]struct{}
+}
+
+// Subscribe implements Backend.Subscribe.
+func (n *Notifier) Subscribe() (<-chan struct{}, func()) {
+	ch := make(chan struct{}, 1)
+	n.mu.Lock()
+	if n.subs == nil {
+		n.subs = map[chan struct{}]struct{}{}
+	}
+	n.subs[ch] = struct{}{}
+	n.mu.Unlock()
+	return ch, func() {
+		n.mu.Lock()
+		delete(n.subs, ch)
+		n.mu.Unlock()
+	}
+}
+
+// Notify wakes every subscriber; it never blocks.
+func (n *Notifier) Notify() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for ch := range n.subs {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// kubeletSocket is kubelet's registration socket, in the device-plugins
+// directory (pluginapi.KubeletSocket is its full default path).
+var kubeletSocket = filepath.Base(pluginapi.KubeletSocket)

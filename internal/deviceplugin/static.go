@@ -1,0 +1,62 @@
+package deviceplugin
+
+import (
+	"fmt"
+	"slices"
+
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+)
+
+// Static is a Backend with a fixed set of devices, each a device node
+// mapped into the container: what a plain GPU plugin (nvidia.com/gpu)
+// does. The tests use it to stand in for NVIDIA's plugin.
+type Static struct {
+	Notifier
+	// Nodes maps device ID → host device node; the node appears in the
+	// container at ContainerPath[id] (default: the same path).
+	Nodes         map[string]string
+	ContainerPath map[string]string
+}
+
+func (s *Static) Devices() []Device {
+	var out []Device
+	for _, id := range slices.Sorted(func(yield func(string) bool) {
+		for k := range s.Nodes {
+			if !yield(k) {
+				return
+			}
+		}
+	}) {
+		out = append(out, Device{ID: id, Healthy: true})
+	}
+	return out
+}
+
+func (s *Static) Preferred(available, mustInclude []string, size int) []string {
+	out := append([]string(nil), mustInclude...)
+	for _, id := range available {
+		if len(out) >= size {
+			break
+		}
+		if !slices.Contains(out, id) {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+func (s *Static) Allocate(ids []string) (*pluginapi.ContainerAllocateResponse, error) {
+	var r pluginapi.ContainerAllocateResponse
+	for _, id := range ids {
+		host, ok := s.Nodes[id]
+		if !ok {
+			return nil, fmt.Errorf("%w: unknown device %q", ErrRefused, id)
+		}
+		ctr := s.ContainerPath[id]
+		if ctr == "" {
+			ctr = host
+		}
+		r.Devices = append(r.Devices, &pluginapi.DeviceSpec{HostPath: host, ContainerPath: ctr, Permissions: "rw"})
+	}
+	return &r, nil
+}

@@ -1,0 +1,241 @@
+//go:build k8s
+
+package k8s
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gpud/gpud/internal/deviceplugin"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	"log/slog"
+)
+
+// resourcePod is a pod asking for one device of resource.
+func resourcePod(t *testing.T, name, resource string) {
+	t.Helper()
+	apply(t, fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata: {name: %s, namespace: default}
+spec:
+  nodeName: %s
+  terminationGracePeriodSeconds: 2
+  restartPolicy: Never
+  containers:
+  - name: c
+    image: gpud.local/busybox:1
+    imagePullPolicy: Never
+    command: ["sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"]
+    resources: {limits: {%q: 1}}
+`, name, env(t, "NODE_NAME"), resource))
+	t.Cleanup(func() { kubectl(t, "delete", "pod", name, "--grace-period=0", "--force", "--ignore-not-found") })
+}
+
+func allocatable(t *testing.T, resource string) string {
+	out, _ := kubectl(t, "get", "node", env(t, "NODE_NAME"), "-o",
+		"jsonpath={.status.allocatable."+strings.ReplaceAll(resource, ".", "\\.")+"}")
+	return out
+}
+
+func registrations(t *testing.T, gp string) int {
+	out, _ := kubectl(t, "-n", "gpud-system", "logs", gp)
+	return strings.Count(out, "device plugin registered")
+}
+
+// Lending (claim 1) on the real kubelet, gpud in its DaemonSet pod: the
+// owner holds the GPU through a stand-in for nvidia.com/gpu and goes idle;
+// a borrower asking gpud.io/idle-gpu gets it with its env; the owner's open
+// kills the borrower and the GPU is listed Unhealthy; kubelet restarts;
+// a request for a GPU that is busy is refused.
+func TestLendIdleGPUOnARealKubelet(t *testing.T) {
+	dev, gpu := fakeGPU(t)
+	// The stand-in for NVIDIA's plugin: device "0" is the fake GPU.
+	ctx, cancel := context.WithCancel(context.Background())
+	standin := &deviceplugin.Plugin{ResourceName: "nvidia.com/gpu", KubeletDir: env(t, "DEVICE_PLUGINS_DIR"),
+		Endpoint: "test-nvidia.sock", Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Backend: &deviceplugin.Static{Nodes: map[string]string{"0": gpu}, ContainerPath: map[string]string{"0": "/dev/nvidia0"}}}
+	done := make(chan struct{})
+	go func() { standin.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	root, _ := filepath.Abs("../..")
+	ovl := t.TempDir()
+	base, _ := filepath.Rel(ovl, filepath.Join(root, "deploy/base"))
+	podRes := filepath.Join(env(t, "KUBELET_ROOT"), "pod-resources")
+	os.WriteFile(filepath.Join(ovl, "kustomization.yaml"), []byte(fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources: [%s]
+patches:
+  - target: {kind: DaemonSet, name: gpud}
+    patch: |-
+      - {op: replace, path: /spec/template/spec/volumes/0/hostPath/path, value: %s}
+      - {op: replace, path: /spec/template/spec/volumes/4/hostPath/path, value: %s}
+      - {op: replace, path: /spec/template/spec/containers/0/imagePullPolicy, value: Never}
+      - {op: add, path: /spec/template/spec/containers/0/args/-, value: --device-plugin}
+      - {op: add, path: /spec/template/spec/containers/0/args/-, value: --host-dev-dir=%s}
+      - {op: add, path: /spec/template/spec/containers/0/args/-, value: --idle-after=2s}
+      - {op: add, path: /spec/template/spec/containers/0/env/-, value: {name: KUBERNETES_SERVICE_HOST, value: "127.0.0.1"}}
+      - {op: add, path: /spec/template/spec/containers/0/env/-, value: {name: KUBERNETES_SERVICE_PORT, value: "6443"}}
+`, base, dev, podRes, dev)), 0o644)
+	mustKubectl(t, "apply", "-k", ovl)
+	t.Cleanup(func() { kubectl(t, "delete", "-k", ovl, "--wait=true", "--timeout=60s") })
+	var gp string
+	eventually(t, "the gpud DaemonSet pod runs", 60*time.Second, func() bool {
+		out, _ := kubectl(t, "-n", "gpud-system", "get", "pod", "-l", "app.kubernetes.io/name=gpud",
+			"-o", "jsonpath={.items[0].metadata.name} {.items[0].status.phase}")
+		f := strings.Fields(out)
+		if len(f) == 2 && f[1] == "Running" {
+			gp = f[0]
+			return true
+		}
+		return false
+	})
+	t.Cleanup(func() {
+		if t.Failed() {
+			out, _ := kubectl(t, "-n", "gpud-system", "logs", gp)
+			lines := strings.Split(out, "\n")
+			if len(lines) > 40 {
+				lines = lines[len(lines)-40:]
+			}
+			t.Logf("gpud's log:\n%s", strings.Join(lines, "\n"))
+		}
+	})
+	eventually(t, "gpud registered gpud.io/idle-gpu and kubelet lists it", 30*time.Second, func() bool {
+		return allocatable(t, "gpud.io/idle-gpu") != "" && allocatable(t, "nvidia.com/gpu") == "1"
+	})
+
+	// The owner holds the GPU through nvidia.com/gpu, then goes idle.
+	resourcePod(t, "owner", "nvidia.com/gpu")
+	mustKubectl(t, "wait", "--for=condition=Ready", "pod/owner", "--timeout=60s")
+	ownerPID := hold(t, podHolders(t, gp), "owner")
+	_ = ownerPID
+	eventually(t, "the idle GPU is listed Healthy", 15*time.Second, func() bool { return allocatable(t, "gpud.io/idle-gpu") == "1" })
+
+	// A borrower gets it, with the device and the env inside.
+	resourcePod(t, "borrower", "gpud.io/idle-gpu")
+	mustKubectl(t, "wait", "--for=condition=Ready", "pod/borrower", "--timeout=60s")
+	envs := mustKubectl(t, "exec", "borrower", "--", "sh", "-c", "echo $GPUD_GPU $GPUD_OWNER $NVIDIA_VISIBLE_DEVICES; ls /dev/nvidia0")
+	if envs != "0 default/owner 0\n/dev/nvidia0" {
+		t.Fatalf("inside the borrower: %q", envs)
+	}
+	alloc, err := deviceplugin.ListAllocated(context.Background(), filepath.Join(podRes, "kubelet.sock"))
+	if err != nil || len(alloc["gpud.io/idle-gpu"]) != 1 || alloc["gpud.io/idle-gpu"][0].Name != "borrower" {
+		t.Fatalf("PodResources: %+v %v", alloc, err)
+	}
+	borrowerPID := hold(t, podHolders(t, gp), "borrower")
+	eventually(t, "the state file shows the loan", 10*time.Second, func() bool {
+		out, _ := kubectl(t, "-n", "gpud-system", "exec", gp, "--", "/gpud", "status", "-o", "json")
+		return strings.Contains(out, `"state": "lent"`) && strings.Contains(out, `"owner": "default/owner"`) &&
+			strings.Contains(out, `"borrower": "default/borrower"`)
+	})
+
+	// A request for a GPU that is busy now (the borrower uses it) is refused
+	// with a clear error, never silently granted.
+	conn, err := grpc.NewClient("unix://"+filepath.Join(env(t, "DEVICE_PLUGINS_DIR"), "gpud.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = pluginapi.NewDevicePluginClient(conn).Allocate(context.Background(), &pluginapi.AllocateRequest{
+		ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"gpu-0"}}}})
+	conn.Close()
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "no longer lendable") {
+		t.Fatalf("Allocate of a busy GPU: %v, want FailedPrecondition", err)
+	}
+
+	// The owner comes back: its open kills the borrower, which is evicted;
+	// the GPU is listed Unhealthy (seen on a ListAndWatch stream of our own,
+	// beside kubelet's: the node's allocatable is only refreshed every 10 s).
+	health := watchHealth(t, filepath.Join(env(t, "DEVICE_PLUGINS_DIR"), "gpud.sock"))
+	start := time.Now()
+	if out := mustKubectl(t, "exec", "owner", "--", "sh", "-c", "exec 4<>/dev/nvidia0 && echo back"); out != "back" {
+		t.Fatalf("owner's open: %q", out)
+	}
+	eventually(t, "the borrower's process is dead", 10*time.Second, func() bool { return !alive(borrowerPID) })
+	t.Logf("owner's open → borrower dead within %v (kubectl exec included)", time.Since(start))
+	eventually(t, "the borrower pod is gone", 30*time.Second, func() bool { _, err := kubectl(t, "get", "pod", "borrower"); return err != nil })
+	waitHealth(t, health, pluginapi.Unhealthy, 5*time.Second)
+
+	// Idle again, a second borrower; kubelet restarts: gpud re-registers
+	// within 2 s and the running borrower keeps its device.
+	waitHealth(t, health, pluginapi.Healthy, 15*time.Second)
+	resourcePod(t, "borrower2", "gpud.io/idle-gpu")
+	mustKubectl(t, "wait", "--for=condition=Ready", "pod/borrower2", "--timeout=60s")
+	b2 := hold(t, podHolders(t, gp), "borrower2")
+	before := registrations(t, gp)
+	out, err := exec.Command(filepath.Join(root, "scripts/cluster.sh"), "restart-kubelet", env(t, "GPUD_CLUSTER_DIR")).CombinedOutput()
+	if err != nil {
+		t.Fatalf("restart-kubelet: %v %s", err, out)
+	}
+	restarted := time.Now()
+	eventually(t, "gpud re-registered", 10*time.Second, func() bool { return registrations(t, gp) > before })
+	if took := time.Since(restarted); took > 2*time.Second+time.Second { // the log poll itself costs up to ~1 s
+		t.Errorf("re-registration took %v after kubelet was back", took)
+	} else {
+		t.Logf("re-registered %v after kubelet was back (log polling included)", took)
+	}
+	if !alive(b2) {
+		t.Fatal("the running borrower lost its process across the kubelet restart")
+	}
+	if out := mustKubectl(t, "exec", "borrower2", "--", "ls", "/dev/nvidia0"); out != "/dev/nvidia0" {
+		t.Fatalf("borrower2's device after the restart: %q", out)
+	}
+}
+
+// watchHealth follows gpud's ListAndWatch stream: the health of gpu-0.
+func watchHealth(t *testing.T, sock string) <-chan string {
+	t.Helper()
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(func() { cancel(); conn.Close() })
+	stream, err := pluginapi.NewDevicePluginClient(conn).ListAndWatch(ctx, &pluginapi.Empty{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make(chan string, 64)
+	go func() {
+		for {
+			resp, err := stream.Recv()
+			if err != nil {
+				return
+			}
+			for _, d := range resp.Devices {
+				if d.ID == "gpu-0" {
+					select {
+					case out <- d.Health:
+					default:
+					}
+				}
+			}
+		}
+	}()
+	return out
+}
+
+// waitHealth waits until the stream reports gpu-0 as want.
+func waitHealth(t *testing.T, health <-chan string, want string, d time.Duration) {
+	t.Helper()
+	deadline := time.After(d)
+	for {
+		select {
+		case h := <-health:
+			if h == want {
+				return
+			}
+		case <-deadline:
+			t.Fatalf("gpu-0 never listed %s", want)
+		}
+	}
+}
