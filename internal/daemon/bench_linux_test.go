@@ -22,6 +22,9 @@ import (
 	"github.com/gpud/gpud/internal/priority"
 	"github.com/gpud/gpud/internal/testutil"
 	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
 
 // openCloseNs times n open+close pairs of path and returns ns per pair.
@@ -368,4 +371,70 @@ func BenchmarkGateRace(b *testing.B) {
 	b.ReportMetric(float64(bad), "violations")
 	b.ReportMetric(float64(ok), "low-allowed")
 	b.ReportMetric(float64(denied), "low-refused")
+}
+
+// BenchmarkLendHealth: a GPU's change between lendable and not (a holder
+// opens it: busy; the last holder closes: free, lendable with --lend-free)
+// → the new health on a ListAndWatch stream of gpud's device plugin (what
+// kubelet reads), 200 transitions each way. Goal p99 ≤ 50 ms.
+func BenchmarkLendHealth(b *testing.B) {
+	devDir, gpus := makeGPUsForBench(b)
+	kdir := b.TempDir()
+	d := startBenchDaemonWith(b, devDir, func(c *daemon.Config) {
+		c.DockerHost, c.DevicePlugin, c.LendFree, c.KubeletDir = "none", true, true, kdir
+		c.PodResourcesSocket = filepath.Join(kdir, "none.sock")
+	})
+	defer d.stop()
+	sock := filepath.Join(kdir, "gpud.sock")
+	waitFor(b, func() bool { _, err := os.Stat(sock); return err == nil })
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Close()
+	stream, err := pluginapi.NewDevicePluginClient(conn).ListAndWatch(context.Background(), &pluginapi.Empty{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	health := make(chan string, 16)
+	go func() {
+		for {
+			r, err := stream.Recv()
+			if err != nil {
+				close(health)
+				return
+			}
+			for _, dev := range r.Devices {
+				if dev.ID == "gpu-0" {
+					health <- dev.Health
+				}
+			}
+		}
+	}()
+	wait := func(want string) uint64 {
+		for h := range health {
+			if h == want {
+				return bpf.MonotonicNow()
+			}
+		}
+		b.Fatal("ListAndWatch ended")
+		return 0
+	}
+	wait(pluginapi.Healthy) // free, lendable
+	h := startHelper(b)
+	var toBusy, toFree []float64
+	for i := 0; i < 200; i++ {
+		var t0 uint64
+		var fd int
+		fmt.Sscan(h.do("opentimed %s", gpus[0]), &t0, &fd)
+		toBusy = append(toBusy, float64(wait(pluginapi.Unhealthy)-t0)/1e6)
+		t1 := bpf.MonotonicNow()
+		h.do("close %d", fd)
+		toFree = append(toFree, float64(wait(pluginapi.Healthy)-t1)/1e6)
+	}
+	b.ReportMetric(percentile(toBusy, 50), "ms-busy-p50")
+	b.ReportMetric(percentile(toBusy, 99), "ms-busy-p99")
+	b.ReportMetric(percentile(toFree, 50), "ms-lendable-p50")
+	b.ReportMetric(percentile(toFree, 99), "ms-lendable-p99")
+	b.ReportMetric(max(percentile(toBusy, 99), percentile(toFree, 99))/50, "ratio-p99-to-50ms-goal")
 }

@@ -10,11 +10,14 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gpud/gpud/internal/deviceplugin"
 	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/preempt"
+	"github.com/gpud/gpud/internal/priority"
+	corev1 "k8s.io/api/core/v1"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
 
@@ -30,12 +33,16 @@ type lender struct {
 	lendFree      bool
 
 	kick      chan struct{}
+	refreshMu sync.Mutex // one refresh at a time (run's ticker, and after Allocate)
 	mu        sync.Mutex
 	last      map[string]bool     // device ID → healthy, as last listed
 	owners    map[int]podRef      // GPU → owner pod (PodResources)
 	borrowers map[int]podRef      // GPU → borrower pod (PodResources)
 	pending   map[int]time.Time   // GPU → allocated, borrower not yet seen in PodResources
 	overrides map[string]struct{} // pod uids whose class the lender forced
+	reported  map[string]bool     // pods reported running without their lent GPU
+
+	unallocated atomic.Uint64 // pods reported so
 }
 
 type podRef struct {
@@ -52,7 +59,7 @@ func (p podRef) String() string {
 func newLender(d *Daemon, resource, ownerResource, podResources string, lendFree bool) *lender {
 	return &lender{d: d, resource: resource, ownerResource: ownerResource, podResources: podResources,
 		lendFree: lendFree, kick: make(chan struct{}, 1), last: map[string]bool{}, owners: map[int]podRef{}, borrowers: map[int]podRef{},
-		pending: map[int]time.Time{}, overrides: map[string]struct{}{}}
+		pending: map[int]time.Time{}, overrides: map[string]struct{}{}, reported: map[string]bool{}}
 }
 
 // deviceID names GPU g to kubelet.
@@ -231,6 +238,8 @@ func (l *lender) resumableTask(gpu int) string {
 // classes: a borrower is low priority whatever its label, an owner high
 // (so that the owner's open preempts its borrower through the rules).
 func (l *lender) refresh(ctx context.Context) {
+	l.refreshMu.Lock()
+	defer l.refreshMu.Unlock()
 	alloc, err := deviceplugin.ListAllocated(ctx, l.podResources)
 	if err != nil {
 		l.d.log.Debug("pod resources", "error", err)
@@ -292,6 +301,35 @@ func (l *lender) refresh(ctx context.Context) {
 	if changed {
 		l.d.ledger.Reclassify(l.d.registry.ClassifyProc)
 		l.d.writer.Kick()
+	}
+	l.reportUnallocated(alloc[l.resource])
+}
+
+// reportUnallocated reports, once each, running pods that ask for the lent
+// resource but hold none of its devices: kubelet starts a pod admitted
+// before the plugin registered without the device, and does not fail it.
+func (l *lender) reportUnallocated(allocated []deviceplugin.PodDevices) {
+	if l.d.pods == nil {
+		return
+	}
+	has := map[string]bool{}
+	for _, p := range allocated {
+		has[p.Namespace+"/"+p.Name] = true
+	}
+	for _, pod := range l.d.pods.Requesting(corev1.ResourceName(l.resource)) {
+		uid := string(pod.UID)
+		if has[pod.Namespace+"/"+pod.Name] || l.reported[uid] {
+			continue
+		}
+		l.reported[uid] = true
+		l.unallocated.Add(1)
+		l.d.log.Warn("pod runs without the GPU it asked for: admitted before gpud registered",
+			"pod", pod.Namespace+"/"+pod.Name, "resource", l.resource)
+		if l.d.events != nil {
+			w := priority.Workload{PodUID: uid, Namespace: pod.Namespace, Name: pod.Name}
+			l.d.events.create(context.Background(), w, corev1.EventTypeWarning, "GPUNotAllocated",
+				fmt.Sprintf("this pod asked for %s but runs without it: it was admitted before gpud's device plugin registered; delete it to get a GPU", l.resource))
+		}
 	}
 }
 

@@ -2,6 +2,7 @@ package priority
 
 import (
 	"context"
+	"sync"
 	"log/slog"
 	"path/filepath"
 	"strings"
@@ -30,6 +31,37 @@ type Pods struct {
 	Resync time.Duration
 	// Synced, when set, is called once the first listing is in.
 	Synced func()
+
+	mu    sync.Mutex
+	store cache.Store
+}
+
+// Requesting returns the running pods of the node that ask for resource.
+func (p *Pods) Requesting(resource corev1.ResourceName) []*corev1.Pod {
+	p.mu.Lock()
+	store := p.store
+	p.mu.Unlock()
+	if store == nil {
+		return nil
+	}
+	var out []*corev1.Pod
+	for _, obj := range store.List() {
+		pod, ok := obj.(*corev1.Pod)
+		if !ok || pod.Status.Phase != corev1.PodRunning {
+			continue
+		}
+		for _, c := range pod.Spec.Containers {
+			if _, ok := c.Resources.Limits[resource]; ok {
+				out = append(out, pod)
+				break
+			}
+			if _, ok := c.Resources.Requests[resource]; ok {
+				out = append(out, pod)
+				break
+			}
+		}
+	}
+	return out
 }
 
 // Run watches until ctx ends.
@@ -41,6 +73,9 @@ func (p *Pods) Run(ctx context.Context) {
 	f := informers.NewSharedInformerFactoryWithOptions(p.Client, resync,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = "spec.nodeName=" + p.Node }))
 	inf := f.Core().V1().Pods().Informer()
+	p.mu.Lock()
+	p.store = inf.GetStore()
+	p.mu.Unlock()
 	inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    p.put,
 		UpdateFunc: func(_, obj any) { p.put(obj) },

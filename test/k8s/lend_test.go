@@ -52,6 +52,20 @@ func registrations(t *testing.T, gp string) int {
 	return strings.Count(out, "device plugin registered")
 }
 
+// A pod admitted before gpud registered runs without the GPU it asked for
+// (kubelet does not fail it): gpud reports it, with an Event on the pod.
+// Runs before any test registers gpud.io/idle-gpu with this kubelet.
+func TestPodAdmittedBeforeRegistrationIsReported(t *testing.T) {
+	dev, _ := fakeGPU(t)
+	resourcePod(t, "early", "gpud.io/idle-gpu")
+	mustKubectl(t, "wait", "--for=condition=Ready", "pod/early", "--timeout=60s")
+	deployLending(t, dev)
+	eventually(t, "an Event reports the pod running without its GPU", 30*time.Second, func() bool {
+		out, _ := kubectl(t, "get", "events", "--field-selector", "involvedObject.name=early,reason=GPUNotAllocated", "-o", "name")
+		return out != ""
+	})
+}
+
 // Lending (claim 1) on the real kubelet, gpud in its DaemonSet pod: the
 // owner holds the GPU through a stand-in for nvidia.com/gpu and goes idle;
 // a borrower asking gpud.io/idle-gpu gets it with its env; the owner's open
@@ -69,47 +83,8 @@ func TestLendIdleGPUOnARealKubelet(t *testing.T) {
 	t.Cleanup(func() { cancel(); <-done })
 
 	root, _ := filepath.Abs("../..")
-	ovl := t.TempDir()
-	base, _ := filepath.Rel(ovl, filepath.Join(root, "deploy/base"))
+	gp := deployLending(t, dev)
 	podRes := filepath.Join(env(t, "KUBELET_ROOT"), "pod-resources")
-	os.WriteFile(filepath.Join(ovl, "kustomization.yaml"), []byte(fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
-kind: Kustomization
-resources: [%s]
-patches:
-  - target: {kind: DaemonSet, name: gpud}
-    patch: |-
-      - {op: replace, path: /spec/template/spec/volumes/0/hostPath/path, value: %s}
-      - {op: replace, path: /spec/template/spec/volumes/4/hostPath/path, value: %s}
-      - {op: replace, path: /spec/template/spec/containers/0/imagePullPolicy, value: Never}
-      - {op: add, path: /spec/template/spec/containers/0/args/-, value: --device-plugin}
-      - {op: add, path: /spec/template/spec/containers/0/args/-, value: --host-dev-dir=%s}
-      - {op: add, path: /spec/template/spec/containers/0/args/-, value: --idle-after=2s}
-      - {op: add, path: /spec/template/spec/containers/0/env/-, value: {name: KUBERNETES_SERVICE_HOST, value: "127.0.0.1"}}
-      - {op: add, path: /spec/template/spec/containers/0/env/-, value: {name: KUBERNETES_SERVICE_PORT, value: "6443"}}
-`, base, dev, podRes, dev)), 0o644)
-	mustKubectl(t, "apply", "-k", ovl)
-	t.Cleanup(func() { kubectl(t, "delete", "-k", ovl, "--wait=true", "--timeout=60s") })
-	var gp string
-	eventually(t, "the gpud DaemonSet pod runs", 60*time.Second, func() bool {
-		out, _ := kubectl(t, "-n", "gpud-system", "get", "pod", "-l", "app.kubernetes.io/name=gpud",
-			"-o", "jsonpath={.items[0].metadata.name} {.items[0].status.phase}")
-		f := strings.Fields(out)
-		if len(f) == 2 && f[1] == "Running" {
-			gp = f[0]
-			return true
-		}
-		return false
-	})
-	t.Cleanup(func() {
-		if t.Failed() {
-			out, _ := kubectl(t, "-n", "gpud-system", "logs", gp)
-			lines := strings.Split(out, "\n")
-			if len(lines) > 40 {
-				lines = lines[len(lines)-40:]
-			}
-			t.Logf("gpud's log:\n%s", strings.Join(lines, "\n"))
-		}
-	})
 	eventually(t, "gpud registered gpud.io/idle-gpu and kubelet lists it", 30*time.Second, func() bool {
 		return allocatable(t, "gpud.io/idle-gpu") != "" && allocatable(t, "nvidia.com/gpu") == "1"
 	})
@@ -238,4 +213,53 @@ func waitHealth(t *testing.T, health <-chan string, want string, d time.Duration
 			t.Fatalf("gpu-0 never listed %s", want)
 		}
 	}
+}
+
+// deployLending applies deploy/base with the device plugin on, pointed at
+// the fake GPU directory, and returns gpud's pod once it runs.
+func deployLending(t *testing.T, dev string) string {
+	t.Helper()
+	root, _ := filepath.Abs("../..")
+	ovl := t.TempDir()
+	base, _ := filepath.Rel(ovl, filepath.Join(root, "deploy/base"))
+	podRes := filepath.Join(env(t, "KUBELET_ROOT"), "pod-resources")
+	os.WriteFile(filepath.Join(ovl, "kustomization.yaml"), []byte(fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources: [%s]
+patches:
+  - target: {kind: DaemonSet, name: gpud}
+    patch: |-
+      - {op: replace, path: /spec/template/spec/volumes/0/hostPath/path, value: %s}
+      - {op: replace, path: /spec/template/spec/volumes/4/hostPath/path, value: %s}
+      - {op: replace, path: /spec/template/spec/containers/0/imagePullPolicy, value: Never}
+      - {op: add, path: /spec/template/spec/containers/0/args/-, value: --device-plugin}
+      - {op: add, path: /spec/template/spec/containers/0/args/-, value: --host-dev-dir=%s}
+      - {op: add, path: /spec/template/spec/containers/0/args/-, value: --idle-after=2s}
+      - {op: add, path: /spec/template/spec/containers/0/env/-, value: {name: KUBERNETES_SERVICE_HOST, value: "127.0.0.1"}}
+      - {op: add, path: /spec/template/spec/containers/0/env/-, value: {name: KUBERNETES_SERVICE_PORT, value: "6443"}}
+`, base, dev, podRes, dev)), 0o644)
+	mustKubectl(t, "apply", "-k", ovl)
+	t.Cleanup(func() { kubectl(t, "delete", "-k", ovl, "--wait=true", "--timeout=60s") })
+	var gp string
+	eventually(t, "the gpud DaemonSet pod runs", 60*time.Second, func() bool {
+		out, _ := kubectl(t, "-n", "gpud-system", "get", "pod", "-l", "app.kubernetes.io/name=gpud",
+			"-o", "jsonpath={.items[0].metadata.name} {.items[0].status.phase}")
+		f := strings.Fields(out)
+		if len(f) == 2 && f[1] == "Running" {
+			gp = f[0]
+			return true
+		}
+		return false
+	})
+	t.Cleanup(func() {
+		if t.Failed() {
+			out, _ := kubectl(t, "-n", "gpud-system", "logs", gp)
+			lines := strings.Split(out, "\n")
+			if len(lines) > 40 {
+				lines = lines[len(lines)-40:]
+			}
+			t.Logf("gpud's log:\n%s", strings.Join(lines, "\n"))
+		}
+	})
+	return gp
 }
