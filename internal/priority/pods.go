@@ -2,10 +2,10 @@ package priority
 
 import (
 	"context"
-	"sync"
 	"log/slog"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/gpud/gpud/internal/cgroups"
