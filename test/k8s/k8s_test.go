@@ -176,15 +176,23 @@ func zombie(pid int) bool {
 }
 
 func TestDaemonSetPreemptsOnARealCluster(t *testing.T) {
+	dev, gpu := fakeGPU(t)
+	gp := deployGpud(t, dev)
+	preemptionFlow(t, gpu, podHolders(t, gp))
+}
+
+// deployGpud applies deploy/base pointed at the fake GPU directory and the
+// local image, with extra JSON patch operations on the DaemonSet, and
+// returns gpud's pod once gpud runs in it. Its log is shown when the test fails.
+func deployGpud(t *testing.T, dev string, extra ...string) string {
+	t.Helper()
 	root, _ := filepath.Abs("../..")
-	dev := t.TempDir()
-	gpu := filepath.Join(dev, "nvidia0")
-	if err := unix.Mknod(gpu, unix.S_IFCHR|0o666, int(unix.Mkdev(10, 229))); err != nil {
-		t.Fatal(err)
-	}
-	// deploy/base, pointed at the fake GPU directory and the local image.
 	ovl := t.TempDir()
 	base, _ := filepath.Rel(ovl, filepath.Join(root, "deploy/base"))
+	var more strings.Builder
+	for _, op := range extra {
+		more.WriteString("      - " + op + "\n")
+	}
 	os.WriteFile(filepath.Join(ovl, "kustomization.yaml"), []byte(fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 resources: [%s]
@@ -196,7 +204,7 @@ patches:
       # the test cluster runs no kube-proxy: reach the API server directly
       - {op: add, path: /spec/template/spec/containers/0/env/-, value: {name: KUBERNETES_SERVICE_HOST, value: "127.0.0.1"}}
       - {op: add, path: /spec/template/spec/containers/0/env/-, value: {name: KUBERNETES_SERVICE_PORT, value: "6443"}}
-`, base, dev)), 0o644)
+%s`, base, dev, more.String())), 0o644)
 	mustKubectl(t, "apply", "-k", ovl)
 	t.Cleanup(func() { kubectl(t, "delete", "-k", ovl, "--wait=true", "--timeout=60s") })
 
@@ -211,12 +219,21 @@ patches:
 		}
 		return false
 	})
+	t.Cleanup(func() {
+		if t.Failed() {
+			out, _ := kubectl(t, "-n", "gpud-system", "logs", gp)
+			lines := strings.Split(out, "\n")
+			if len(lines) > 40 {
+				lines = lines[len(lines)-40:]
+			}
+			t.Logf("gpud's log:\n%s", strings.Join(lines, "\n"))
+		}
+	})
 	eventually(t, "gpud started in its pod", 30*time.Second, func() bool {
 		out, _ := kubectl(t, "-n", "gpud-system", "logs", gp)
 		return strings.Contains(out, "gpud started")
 	})
-
-	preemptionFlow(t, gpu, podHolders(t, gp))
+	return gp
 }
 
 // startHostGpud runs bin/gpud on the host (the development set-up) with

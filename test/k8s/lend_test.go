@@ -243,51 +243,14 @@ func waitHealth(t *testing.T, health <-chan string, want string, d time.Duration
 	}
 }
 
-// deployLending applies deploy/base with the device plugin on, pointed at
-// the fake GPU directory, and returns gpud's pod once it runs.
+// deployLending deploys gpud with the device plugin on (idle after 2 s),
+// pointed at the fake GPU directory and the test kubelet's PodResources.
 func deployLending(t *testing.T, dev string) string {
 	t.Helper()
-	root, _ := filepath.Abs("../..")
-	ovl := t.TempDir()
-	base, _ := filepath.Rel(ovl, filepath.Join(root, "deploy/base"))
 	podRes := filepath.Join(env(t, "KUBELET_ROOT"), "pod-resources")
-	os.WriteFile(filepath.Join(ovl, "kustomization.yaml"), []byte(fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
-kind: Kustomization
-resources: [%s]
-patches:
-  - target: {kind: DaemonSet, name: gpud}
-    patch: |-
-      - {op: replace, path: /spec/template/spec/volumes/0/hostPath/path, value: %s}
-      - {op: replace, path: /spec/template/spec/volumes/4/hostPath/path, value: %s}
-      - {op: replace, path: /spec/template/spec/containers/0/imagePullPolicy, value: Never}
-      - {op: add, path: /spec/template/spec/containers/0/args/-, value: --device-plugin}
-      - {op: add, path: /spec/template/spec/containers/0/args/-, value: --host-dev-dir=%s}
-      - {op: add, path: /spec/template/spec/containers/0/args/-, value: --idle-after=2s}
-      - {op: add, path: /spec/template/spec/containers/0/env/-, value: {name: KUBERNETES_SERVICE_HOST, value: "127.0.0.1"}}
-      - {op: add, path: /spec/template/spec/containers/0/env/-, value: {name: KUBERNETES_SERVICE_PORT, value: "6443"}}
-`, base, dev, podRes, dev)), 0o644)
-	mustKubectl(t, "apply", "-k", ovl)
-	t.Cleanup(func() { kubectl(t, "delete", "-k", ovl, "--wait=true", "--timeout=60s") })
-	var gp string
-	eventually(t, "the gpud DaemonSet pod runs", 60*time.Second, func() bool {
-		out, _ := kubectl(t, "-n", "gpud-system", "get", "pod", "-l", "app.kubernetes.io/name=gpud",
-			"-o", "jsonpath={.items[0].metadata.name} {.items[0].status.phase}")
-		f := strings.Fields(out)
-		if len(f) == 2 && f[1] == "Running" {
-			gp = f[0]
-			return true
-		}
-		return false
-	})
-	t.Cleanup(func() {
-		if t.Failed() {
-			out, _ := kubectl(t, "-n", "gpud-system", "logs", gp)
-			lines := strings.Split(out, "\n")
-			if len(lines) > 40 {
-				lines = lines[len(lines)-40:]
-			}
-			t.Logf("gpud's log:\n%s", strings.Join(lines, "\n"))
-		}
-	})
-	return gp
+	return deployGpud(t, dev,
+		fmt.Sprintf("{op: replace, path: /spec/template/spec/volumes/4/hostPath/path, value: %s}", podRes),
+		"{op: add, path: /spec/template/spec/containers/0/args/-, value: --device-plugin}",
+		fmt.Sprintf("{op: add, path: /spec/template/spec/containers/0/args/-, value: --host-dev-dir=%s}", dev),
+		"{op: add, path: /spec/template/spec/containers/0/args/-, value: --idle-after=2s}")
 }
