@@ -94,6 +94,25 @@ struct {
 	__type(value, __u64);
 } gpu_confirmed SEC(".maps");
 
+// When a refusal of (cgroup, GPU) was last reported: a process retrying a
+// refused open in a loop must not flood the ring buffer and delay the
+// events gpud needs (one report per workload per interval is enough for
+// the waiting queue of claim 5).
+struct deny_key {
+	__u64 cgroup;
+	__u32 gpu;
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct deny_key);
+	__type(value, __u64);
+} deny_reported SEC(".maps");
+
+#define DENY_REPORT_INTERVAL_NS (100ULL * 1000 * 1000)
+
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 4096);
@@ -246,8 +265,21 @@ int gpud_gate(struct bpf_cgroup_dev_ctx *ctx)
 				if (pol->low)
 					gate_event(EV_GATE_HIGH, gpu, matched);
 			} else if (prio == PRIO_LOW) {
-				if (pol->high || *hmark > *conf || (reserved && !reserved_ok)) {
-					gate_event(EV_DENY, gpu, matched);
+				// User space writes the policy, then the confirmation. Read
+				// them the other way round: a confirmation seen here implies
+				// the policy written before it is seen too, so a cleared mark
+				// is never combined with a stale count of high holders.
+				__u64 confirmed = *(volatile __u64 *)conf;
+				__u64 marked = *(volatile __u64 *)hmark;
+				asm volatile("" ::: "memory");
+				__u32 high = *(volatile __u32 *)&pol->high;
+				if (high || marked > confirmed || (reserved && !reserved_ok)) {
+					struct deny_key dk = {.cgroup = matched, .gpu = gpu};
+					__u64 *last = bpf_map_lookup_elem(&deny_reported, &dk);
+					if (!last || now - *last > DENY_REPORT_INTERVAL_NS) {
+						bpf_map_update_elem(&deny_reported, &dk, &now, BPF_ANY);
+						gate_event(EV_DENY, gpu, matched);
+					}
 					return 0; // EPERM
 				}
 			}

@@ -13,6 +13,13 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type gpudDenyKey struct {
+	_      structs.HostLayout
+	Cgroup uint64
+	Gpu    uint32
+	Pad    uint32
+}
+
 type gpudEvent struct {
 	_        structs.HostLayout
 	Ts       uint64
@@ -39,6 +46,7 @@ type gpudGpuPol struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	gpudMapCgroupPrio      = "cgroup_prio"
+	gpudMapDenyReported    = "deny_reported"
 	gpudMapEvents          = "events"
 	gpudMapGpuConfirmed    = "gpu_confirmed"
 	gpudMapGpuDevs         = "gpu_devs"
@@ -120,6 +128,7 @@ type gpudProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type gpudMapSpecs struct {
 	CgroupPrio   *ebpf.MapSpec `ebpf:"cgroup_prio"`
+	DenyReported *ebpf.MapSpec `ebpf:"deny_reported"`
 	Events       *ebpf.MapSpec `ebpf:"events"`
 	GpuConfirmed *ebpf.MapSpec `ebpf:"gpu_confirmed"`
 	GpuDevs      *ebpf.MapSpec `ebpf:"gpu_devs"`
@@ -167,6 +176,7 @@ func (o *gpudObjects) Close() error {
 // It can be passed to loadGpudObjects or ebpf.CollectionSpec.LoadAndAssign.
 type gpudMaps struct {
 	CgroupPrio   *ebpf.Map `ebpf:"cgroup_prio"`
+	DenyReported *ebpf.Map `ebpf:"deny_reported"`
 	Events       *ebpf.Map `ebpf:"events"`
 	GpuConfirmed *ebpf.Map `ebpf:"gpu_confirmed"`
 	GpuDevs      *ebpf.Map `ebpf:"gpu_devs"`
@@ -180,6 +190,7 @@ type gpudMaps struct {
 func (m *gpudMaps) Close() error {
 	return _GpudClose(
 		m.CgroupPrio,
+		m.DenyReported,
 		m.Events,
 		m.GpuConfirmed,
 		m.GpuDevs,

@@ -191,7 +191,7 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 		Classify: d.registry.ClassifyProc,
 		Gate:     d.enforcer.gate,
 		Opened:   d.enforcer.opened,
-		Drained:  d.enforcer.sync,
+		Drained:  d.enforcer.drained,
 	}
 	d.writer = &occupancy.Writer{
 		Path: cfg.StateFile, Node: cfg.NodeName, Ledger: d.ledger, Log: log,
@@ -216,7 +216,7 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 		d.mon.Close()
 		return nil, err
 	}
-	d.enforcer.sync(bpf.MonotonicNow())
+	d.enforcer.drained(bpf.MonotonicNow()) // nothing is queued before the first read
 	if cfg.Enforce {
 		if err := d.mon.SetEnforcing(true, cfg.FailOpenAfter); err != nil {
 			d.mon.Close()
@@ -360,7 +360,7 @@ func (d *Daemon) periodic(ctx context.Context) {
 			}
 			d.ledger.Refresh(now)
 			d.ledger.RefreshComms(d.tracker.Proc.Comm)
-			d.enforcer.sync(bpf.MonotonicNow())
+			d.enforcer.sync()
 			if d.cfg.ResyncInterval > 0 && now.Sub(lastResync) >= d.cfg.ResyncInterval && d.monitoring.Load() {
 				lastResync = now
 				if err := d.tracker.Resync(); err != nil {

@@ -23,12 +23,13 @@ type enforcer struct {
 	ttl  time.Duration
 	ctx  context.Context
 
-	mu       sync.Mutex
-	waiters  map[int][]waiter // GPU → denied low-priority requests, oldest first
-	reserved map[int]waiter   // GPU → the waiter it is reserved for
-	until    map[int]uint64   // GPU → reservation end, CLOCK_MONOTONIC
-	last     map[int]bpf.GPUPolicy
-	lastConf map[int]uint64 // GPU → when the gate was last told "confirmed up to"
+	mu        sync.Mutex
+	waiters   map[int][]waiter // GPU → denied low-priority requests, oldest first
+	reserved  map[int]waiter   // GPU → the waiter it is reserved for
+	until     map[int]uint64   // GPU → reservation end, CLOCK_MONOTONIC
+	last      map[int]bpf.GPUPolicy
+	lastConf  map[int]uint64 // GPU → when the gate was last told "confirmed up to"
+	drainedAt uint64         // the latest time the ring buffer was seen drained
 }
 
 // confirmEvery bounds how often an unchanged policy is re-confirmed to the
@@ -213,13 +214,28 @@ func (e *enforcer) opened(info occupancy.ProcInfo, gpu int, ev *bpf.Event) {
 	}
 }
 
+// drained is the tracker's hook: every event queued before mono is applied.
+func (e *enforcer) drained(mono uint64) {
+	e.mu.Lock()
+	if mono > e.drainedAt {
+		e.drainedAt = mono
+	}
+	e.mu.Unlock()
+	e.sync()
+}
+
 // sync pushes per-GPU counts and reservations to the gate, then confirms
-// that events up to mono are reflected. Called whenever the ring buffer is
-// drained, and every second.
-func (e *enforcer) sync(mono uint64) {
-	counts := e.d.ledger.Counts()
+// that events up to the last drain are reflected: never further, or a
+// high-priority open whose event is still queued would lose its mark.
+// Called whenever the ring buffer is drained, and every second.
+func (e *enforcer) sync() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	// The counts are read after the drain time they will be confirmed for,
+	// so they reflect at least every event queued before it (a count read
+	// earlier by a concurrent sync must never go out with a later drain).
+	mono := e.drainedAt
+	counts := e.d.ledger.Counts()
 	for gpu, c := range counts {
 		if c.High > 0 {
 			// Reservations start when the high-priority holders are gone.

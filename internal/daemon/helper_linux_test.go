@@ -173,7 +173,7 @@ func helperCmd(f []string) (string, error) {
 			unix.Close(fd)
 			fmt.Fprintf(w, "%d %d\n", c, d)
 			n++
-			time.Sleep(time.Duration(i%5) * 400 * time.Microsecond)
+			time.Sleep(time.Duration(i%5+1) * time.Millisecond) // idle gaps for low opens to get in
 		}
 		return strconv.Itoa(n), w.Flush()
 	case "exec": // replace this process with sleep; non-CLOEXEC fds survive

@@ -68,16 +68,23 @@ func readIntervals(tb testing.TB, path string) []interval {
 	return out
 }
 
-// raceViolations counts low-priority opens that started while a high
-// holder held the GPU (after its open returned, before its close began) and
-// still succeeded.
+// raceViolations counts low-priority opens that succeeded entirely while a
+// high holder held the GPU: started after its open returned and returned
+// before its close began. (An open that started inside the window but
+// returned after the close may have been decided after the close: on 2
+// CPUs a thread is often preempted between reading the clock and entering
+// the kernel.)
 func raceViolations(high, low []interval) int {
 	n := 0
 	for _, l := range low {
 		// the last high interval that started at or before l.a
 		i := sort.Search(len(high), func(i int) bool { return high[i].a > l.a }) - 1
-		if i >= 0 && l.a <= high[i].b {
+		if i >= 0 && l.a <= high[i].b && l.b <= high[i].b {
 			n++
+			if os.Getenv("GPUD_RACE_DEBUG") != "" {
+				fmt.Printf("violation: low [%d, %d] in high [%d, %d]: low started %d ns after the high open returned, %d ns before its close\n",
+					l.a, l.b, high[i].a, high[i].b, l.a-high[i].a, high[i].b-l.a)
+			}
 		}
 	}
 	return n

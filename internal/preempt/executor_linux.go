@@ -166,16 +166,21 @@ func (e *Executor) reclaim(ctx context.Context, gpu int, t Target, taskID string
 }
 
 // Denied records a refused low-priority open and, when the verdict says
-// so, reclaims the opener's container.
+// so, reclaims the opener's container; off the caller's path (the journal
+// fsyncs), like every action.
 func (e *Executor) Denied(ctx context.Context, gpu int, rule string, opener Party, workload Target, reclaim bool) {
 	rec := Record{Time: time.Now().UTC(), GPU: gpu, Action: ActionDeny, Rule: rule, Victim: opener, Result: "EPERM"}
-	if e.Journal != nil {
-		rec.ID = e.Journal.NewID(rec.Time)
-	}
-	e.record(rec)
-	if reclaim {
-		e.reclaim(ctx, gpu, workload, opener.TaskID, Party{})
-	}
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		if e.Journal != nil {
+			rec.ID = e.Journal.NewID(rec.Time)
+		}
+		e.record(rec)
+		if reclaim {
+			e.reclaim(ctx, gpu, workload, opener.TaskID, Party{})
+		}
+	}()
 }
 
 func (e *Executor) record(r Record) {
