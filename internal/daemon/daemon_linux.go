@@ -354,8 +354,11 @@ func (d *Daemon) periodic(ctx context.Context) {
 					d.log.Warn("NVML sampling failing: activity falls back to GPU opens", "error", err)
 				}
 				nvmlFailing = err != nil
-				for gpu, at := range act {
-					d.ledger.Activity(gpu, at)
+				for gpu, a := range act {
+					d.ledger.Activity(gpu, a.At)
+					if d.lender != nil {
+						d.lender.activity(gpu, a.PIDs)
+					}
 				}
 			}
 			d.ledger.Refresh(now)

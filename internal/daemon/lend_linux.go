@@ -364,6 +364,39 @@ func mapsEqual(a, b map[int]podRef) bool {
 	return true
 }
 
+// activity handles NVML's report of the processes using a GPU: when the
+// owner of a lent GPU uses it again, its borrower is preempted, as when the
+// owner opens it (claim 1: the owner asks for its GPU back).
+func (l *lender) activity(gpu int, pids []uint32) {
+	if !l.isLent(gpu) {
+		return
+	}
+	l.mu.Lock()
+	owner := l.owners[gpu]
+	l.mu.Unlock()
+	if owner.UID == "" {
+		return
+	}
+	for _, pid := range pids {
+		info, ok := l.d.ledger.Has(int(pid))
+		if !ok {
+			var err error
+			if info, err = l.d.tracker.Proc.Info(int(pid)); err != nil {
+				continue
+			}
+		}
+		if info.PodUID != owner.UID {
+			continue
+		}
+		victims := l.d.enforcer.lowHolders(gpu, fmt.Sprintf("the owner is active on GPU %d again", gpu))
+		if len(victims) > 0 {
+			l.d.log.Info("owner active on its lent GPU: taking it back", "gpu", gpu, "owner", owner.String(), "pid", pid)
+			l.d.enforcer.preempt(gpu, info, victims, time.Now())
+		}
+		return
+	}
+}
+
 // isLent reports whether gpu is lent (allocated to a borrower, or about to be).
 func (l *lender) isLent(gpu int) bool {
 	l.mu.Lock()

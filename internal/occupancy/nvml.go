@@ -3,6 +3,7 @@ package occupancy
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -16,8 +17,15 @@ var ErrNVML = errors.New("occupancy: nvml")
 type NVML struct {
 	Lib nvml.Interface
 
-	devices  map[int]nvml.Device // GPU index (minor number) → device
+	devices  map[int]nvml.Device // minor number → device
 	lastSeen map[int]uint64      // per device: newest sample timestamp (µs)
+	index    map[int]int         // minor number → GPU index, from Annotate
+}
+
+// Activity is a GPU's use since the previous sample.
+type Activity struct {
+	At   time.Time // the newest sample with SM or memory use
+	PIDs []uint32  // the processes that used it
 }
 
 // Init initializes the library and maps devices by their minor number,
@@ -49,7 +57,9 @@ func (n *NVML) Init() error {
 // Annotate fills in the UUID of each GPU that NVML knows by its minor
 // number, and reports the GPUs NVML does not know.
 func (n *NVML) Annotate(gpus []GPU) (unknown []int) {
+	n.index = map[int]int{}
 	for i := range gpus {
+		n.index[int(gpus[i].Minor)] = gpus[i].Index
 		d, ok := n.devices[int(gpus[i].Minor)]
 		if !ok {
 			unknown = append(unknown, gpus[i].Index)
@@ -62,12 +72,17 @@ func (n *NVML) Annotate(gpus []GPU) (unknown []int) {
 	return unknown
 }
 
-// Sample reports, per GPU index, the newest time a process used it (SM or
-// memory utilization above zero) since the previous call.
-func (n *NVML) Sample() (map[int]time.Time, error) {
-	out := map[int]time.Time{}
+// Sample reports, per GPU index (per minor number before Annotate), the
+// newest time a process used it (SM or memory utilization above zero) since
+// the previous call, and which processes did.
+func (n *NVML) Sample() (map[int]Activity, error) {
+	out := map[int]Activity{}
 	var errs []error
 	for idx, d := range n.devices {
+		key := idx
+		if i, ok := n.index[idx]; ok {
+			key = i
+		}
 		samples, ret := d.GetProcessUtilization(n.lastSeen[idx])
 		if ret == nvml.ERROR_NOT_FOUND {
 			continue // no samples since lastSeen
@@ -83,10 +98,14 @@ func (n *NVML) Sample() (map[int]time.Time, error) {
 			if s.SmUtil == 0 && s.MemUtil == 0 {
 				continue
 			}
-			t := time.UnixMicro(int64(s.TimeStamp))
-			if t.After(out[idx]) {
-				out[idx] = t
+			a := out[key]
+			if t := time.UnixMicro(int64(s.TimeStamp)); t.After(a.At) {
+				a.At = t
 			}
+			if !slices.Contains(a.PIDs, s.Pid) {
+				a.PIDs = append(a.PIDs, s.Pid)
+			}
+			out[key] = a
 		}
 	}
 	return out, errors.Join(errs...)

@@ -161,9 +161,12 @@ func TestNVMLSample(t *testing.T) {
 		t.Errorf("Sample = %v, want %v", got, want)
 	}
 	for idx, w := range want {
-		if !got[idx].Equal(w) {
+		if !got[idx].At.Equal(w) {
 			t.Errorf("GPU %d active at %v, want %v", idx, got[idx], w)
 		}
+	}
+	if p := got[0].PIDs; len(p) != 2 || !slices.Contains(p, 1) || !slices.Contains(p, 2) {
+		t.Errorf("GPU 0 used by %v, want pids 1 and 2", p)
 	}
 	for minor, u := range util {
 		if len(u.asked) != 1 || u.asked[0] != 0 {
@@ -179,7 +182,7 @@ func TestNVMLSample(t *testing.T) {
 	if err != nil {
 		t.Errorf("second Sample err = %v", err)
 	}
-	if len(got) != 1 || !got[4].Equal(time.UnixMicro(int64(base+1000))) {
+	if len(got) != 1 || !got[4].At.Equal(time.UnixMicro(int64(base+1000))) {
 		t.Errorf("second Sample = %v, want GPU 4 only", got)
 	}
 	for minor, wantSeen := range map[int]uint64{0: base + 400, 1: base + 50, 2: base + 70, 3: 0, 4: 0, 5: 0, 6: base + 999} {
