@@ -47,6 +47,7 @@
 # restored); containerd/CNI add /run/netns/cni-*, /var/lib/cni/results/,
 # shim sockets in /run/containerd/s/ and the bridge gpudk8s0.
 set -euo pipefail
+. "$(dirname "$0")/lib.sh"
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 K8S_VERSION=${K8S_VERSION:-v1.36.3}
@@ -96,14 +97,6 @@ starttime() {
 	echo "${20}"
 }
 
-# Running and not a zombie.
-alive() {
-	[[ -n ${1:-} ]] && kill -0 "$1" 2>/dev/null || return 1
-	local s
-	s=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
-	s=${s##*) }
-	[[ ${s:0:1} != Z ]]
-}
 
 # The pid of component $1 of cluster $D if that very process still runs.
 comp_pid() {
@@ -330,26 +323,10 @@ build_images() {
 	local bb_tar=$IMG_CACHE/busybox-$bbkey.tar
 	if [[ ! -s $bb_tar ]]; then
 		[[ -x $BUSYBOX ]] || die "$BUSYBOX not found (scripts/deps.sh k8s installs busybox-static)"
-		if [[ -n $(ldd "$BUSYBOX" 2>/dev/null | grep -v 'not a dynamic' || true) ]]; then
-			die "$BUSYBOX is not a static busybox (install busybox-static)"
-		fi
+		static_busybox "$BUSYBOX" || die "$BUSYBOX is not a static busybox (install busybox-static)"
 		# The same rootfs as scripts/image.sh builds for Docker.
 		local r=$D/tmp/busybox-root
-		mkdir -p "$r"/{bin,dev,proc,sys,tmp,etc,root,usr,var}
-		chmod 1777 "$r/tmp"
-		chmod 0700 "$r/root"
-		cp "$BUSYBOX" "$r/bin/busybox"
-		chmod 0755 "$r/bin/busybox"
-		local a
-		while read -r a; do
-			[[ -n $a && $a != busybox ]] || continue
-			ln -s busybox "$r/bin/$a"
-		done < <("$BUSYBOX" --list)
-		ln -s bin "$r/sbin"
-		ln -s ../bin "$r/usr/bin"
-		ln -s ../bin "$r/usr/sbin"
-		printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n' >"$r/etc/passwd"
-		printf 'root:x:0:\nnogroup:x:65534:\n' >"$r/etc/group"
+		busybox_rootfs "$BUSYBOX" "$r"
 		oci_archive "$bb_tar" "$BUSYBOX_IMAGE" "$r" \
 			'{"Cmd":["/bin/sh"],"Env":["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]}'
 		rm -rf "$r"

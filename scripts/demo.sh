@@ -16,6 +16,7 @@
 # Everything it started is stopped on exit, Ctrl-C and failure included.
 # Runs as root (gpud loads eBPF programs); takes about 20-30 s.
 set -euo pipefail
+. "$(dirname "$0")/lib.sh"
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 IDLE_AFTER=4 # seconds, gpud --idle-after
@@ -37,14 +38,6 @@ STOP_DOCKERD=false
 CTL=""        # fd to the gpu-app helper's command fifo
 ACK=""        # fd its answers come back on
 
-# Running and not a zombie (our children stay zombies until waited for).
-alive() {
-	[[ -n ${1:-} ]] && kill -0 "$1" 2>/dev/null || return 1
-	local stat
-	stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
-	stat=${stat##*) }
-	[[ ${stat:0:1} != Z ]]
-}
 
 # Kill and reap the demo's GPU holders, without bash's "Killed" notices.
 kill_demo_procs() {

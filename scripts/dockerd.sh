@@ -9,6 +9,7 @@
 # alone; `stop` only stops an engine that `start` started (marker file).
 # dockerd starts and manages its own containerd when none is given.
 set -euo pipefail
+. "$(dirname "$0")/lib.sh"
 
 SOCK=/var/run/docker.sock
 PIDFILE=/run/gpud-test-dockerd.pid
@@ -32,13 +33,6 @@ answers() {
 }
 
 # Running and not a zombie (an engine that died as our child stays a zombie).
-alive() {
-	[[ -n ${1:-} ]] && kill -0 "$1" 2>/dev/null || return 1
-	local stat
-	stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
-	stat=${stat##*) }
-	[[ ${stat:0:1} != Z ]]
-}
 
 # alive and named $2 (guards against pid reuse).
 running() { alive "$1" && [[ $(cat "/proc/$1/comm" 2>/dev/null) == "$2" ]]; }

@@ -117,18 +117,9 @@ func (l *lender) Preferred(available, mustInclude []string, size int) []string {
 	for _, g := range snap.GPUs {
 		since[deviceID(g.GPU)] = g.LastActive
 	}
-	rest := slices.Clone(available)
-	sort.SliceStable(rest, func(i, j int) bool { return since[rest[i]].Before(since[rest[j]]) })
-	out := slices.Clone(mustInclude)
-	for _, id := range rest {
-		if len(out) >= size {
-			break
-		}
-		if !slices.Contains(out, id) {
-			out = append(out, id)
-		}
-	}
-	return out
+	ordered := slices.Clone(available)
+	sort.SliceStable(ordered, func(i, j int) bool { return since[ordered[i]].Before(since[ordered[j]]) })
+	return deviceplugin.Pick(ordered, mustInclude, size)
 }
 
 // controlNodes are the NVIDIA driver's shared nodes a container needs

@@ -33,8 +33,14 @@ func (s *Static) Devices() []Device {
 }
 
 func (s *Static) Preferred(available, mustInclude []string, size int) []string {
-	out := append([]string(nil), mustInclude...)
-	for _, id := range available {
+	return Pick(available, mustInclude, size)
+}
+
+// Pick is a preferred allocation: mustInclude, then devices from ordered
+// (best first) until size are picked.
+func Pick(ordered, mustInclude []string, size int) []string {
+	out := slices.Clone(mustInclude)
+	for _, id := range ordered {
 		if len(out) >= size {
 			break
 		}
