@@ -77,6 +77,7 @@ func cmdRun(args []string) error {
 	fs.StringVar(&cfg.PodResourcesSocket, "pod-resources-socket", "/var/lib/kubelet/pod-resources/kubelet.sock", "kubelet's PodResources socket")
 	fs.StringVar(&cfg.HostDevDir, "host-dev-dir", "", "--dev-dir as the host sees it, for lent device nodes when gpud runs in a pod (default: the same)")
 	fs.BoolVar(&cfg.LendFree, "lend-free", false, "also lend GPUs nobody holds (not only idle ones)")
+	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", ":9407", "Prometheus /metrics, /healthz and /readyz listen address (empty disables)")
 	fs.StringVar(&cfg.DockerHost, "docker-host", "", "Docker engine for labels and reclaim (default $DOCKER_HOST or the local socket; none disables)")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -117,6 +118,7 @@ func cmdRun(args []string) error {
 	if strings.TrimSpace(cfg.StateFile) == "" {
 		return usagef("run: --state-file is empty")
 	}
+	cfg.Version = version
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 
 	d, err := daemon.New(cfg, log)

@@ -69,6 +69,11 @@ type Config struct {
 	HostDevDir         string // --dev-dir as the host sees it (gpud in a pod); "" = the same
 	// NVML overrides the library (tests inject go-nvml's mock).
 	NVML nvml.Interface
+
+	// MetricsAddr serves /metrics, /healthz and /readyz; "" disables.
+	MetricsAddr string
+	// Version is reported in gpud_build_info.
+	Version string
 }
 
 // Daemon is a running gpud.
