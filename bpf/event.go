@@ -22,6 +22,9 @@ const (
 	// From the gate, at decision time (before the open completes):
 	EventGateHigh EventType = 7 // a high-priority open of a GPU with low holders was let through
 	EventDeny     EventType = 8 // a low-priority open was refused (EPERM)
+
+	// EventTypes is one more than the largest type (arrays indexed by type).
+	EventTypes = 9
 )
 
 func (t EventType) String() string {
@@ -66,7 +69,8 @@ const EventSize = 56
 var _ = [1]struct{}{}[unsafe.Sizeof(gpudEvent{})-EventSize]
 
 // ErrShortEvent and ErrBadEvent are returned by DecodeEvent for records that
-// cannot have come from gpud's programs.
+// cannot have come from gpud's programs: too short, or too long or of an
+// unknown type.
 var (
 	ErrShortEvent = errors.New("bpf: event record too short")
 	ErrBadEvent   = errors.New("bpf: malformed event record")
@@ -76,6 +80,13 @@ var (
 func DecodeEvent(raw []byte, ev *Event) error {
 	if len(raw) < EventSize {
 		return fmt.Errorf("%w: %d bytes, want %d", ErrShortEvent, len(raw), EventSize)
+	}
+	// The ring buffer hands back exactly what the program reserved (no
+	// padding), and gpud's programs only reserve struct event: a longer
+	// record is another layout, and decoding its first 56 bytes would be
+	// silently wrong.
+	if len(raw) > EventSize {
+		return fmt.Errorf("%w: %d bytes, want %d", ErrBadEvent, len(raw), EventSize)
 	}
 	// Decoded by hand: this runs for every event, and reflection-based
 	// binary.Decode costs more than the rest of the event's handling.
