@@ -18,7 +18,7 @@ declare -A GROUP_PKGS=(
 	[build]=""
 	[bpf]="clang llvm libbpf-dev bpftool"
 	[docker]="docker.io busybox-static"
-	[test]="docker.io busybox-static"
+	[test]="docker.io busybox-static prometheus"
 	[k8s]="containerd runc containernetworking-plugins openssl busybox-static iproute2 procps"
 )
 

@@ -20,6 +20,7 @@ import (
 	"github.com/gpud/gpud/bpf"
 	"github.com/gpud/gpud/internal/cgroups"
 	"github.com/gpud/gpud/internal/deviceplugin"
+	"github.com/gpud/gpud/internal/metrics"
 	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/preempt"
 	"github.com/gpud/gpud/internal/priority"
@@ -101,6 +102,10 @@ type Daemon struct {
 	lender   *lender
 	plugin   *deviceplugin.Plugin
 	denials  atomic.Uint64
+
+	metrics                                          *metrics.Metrics
+	registrations                                    atomic.Uint64
+	startResyncs, periodicResyncs, monitoringResyncs atomic.Uint64
 }
 
 // ErrConfig marks errors in what gpud was told (exit status 2).
@@ -215,12 +220,14 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	if cfg.DevicePlugin {
 		d.setupLending()
 	}
+	d.setupMetrics()
 	// Attached first, scanned second: whatever changes during the scan is
 	// also in the ring buffer, and applying it again is idempotent.
 	if err := d.tracker.Resync(); err != nil {
 		d.mon.Close()
 		return nil, err
 	}
+	d.startResyncs.Add(1)
 	d.enforcer.drained(bpf.MonotonicNow()) // nothing is queued before the first read
 	if cfg.Enforce {
 		if err := d.mon.SetEnforcing(true, cfg.FailOpenAfter); err != nil {
@@ -262,6 +269,7 @@ func (d *Daemon) SetMonitoring(on bool) error {
 		if err := d.tracker.Resync(); err != nil {
 			return err
 		}
+		d.monitoringResyncs.Add(1)
 	}
 	d.log.Info("monitoring switched", "monitoring", on)
 	d.writer.Kick()
@@ -301,6 +309,17 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	defer d.executor.Wait()
 	defer d.journal.Close()
+
+	if d.cfg.MetricsAddr != "" {
+		srv, err := metrics.Listen(d.cfg.MetricsAddr, d.metrics.Handler(d.Ready), d.log)
+		if err != nil {
+			cancel()
+			wg.Wait()
+			return fmt.Errorf("%w: --metrics-addr: %w", ErrConfig, err)
+		}
+		defer srv.Close()
+		d.log.Info("serving metrics", "addr", srv.Addr.String())
+	}
 
 	var ctl *controlServer
 	if d.cfg.ControlSocket != "" {
@@ -373,6 +392,8 @@ func (d *Daemon) periodic(ctx context.Context) {
 				lastResync = now
 				if err := d.tracker.Resync(); err != nil {
 					d.log.Error("periodic resync", "error", err)
+				} else {
+					d.periodicResyncs.Add(1)
 				}
 			}
 		}

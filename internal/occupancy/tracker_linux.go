@@ -46,9 +46,12 @@ type Tracker struct {
 	// Applied, when set, is called after each event is applied (benchmarks).
 	Applied func(*bpf.Event)
 
-	Events  atomic.Uint64 // events applied
-	Drops   atomic.Uint64 // events the kernel lost
-	Resyncs atomic.Uint64 // full reconciliations
+	Events      atomic.Uint64 // events applied
+	Drops       atomic.Uint64 // events the kernel lost
+	Resyncs     atomic.Uint64 // full reconciliations
+	DropResyncs atomic.Uint64 // of which answered lost events
+	// ByType counts events applied, by bpf.EventType (metrics).
+	ByType [bpf.EventTypes]atomic.Uint64
 
 	monoOffset int64 // wall ns - monotonic ns
 	lastDrops  uint64
@@ -108,6 +111,9 @@ func (t *Tracker) Handle(ev *bpf.Event) {
 		}
 	}
 	t.Events.Add(1)
+	if int(ev.Type) < len(t.ByType) {
+		t.ByType[ev.Type].Add(1)
+	}
 	if t.Applied != nil {
 		t.Applied(ev)
 	}
@@ -233,6 +239,7 @@ func (t *Tracker) checkDrops(src EventSource) {
 	t.lastDrops = n
 	t.Drops.Add(lost)
 	t.logger().Warn("kernel dropped events, resyncing from /proc", "dropped", lost)
+	t.DropResyncs.Add(1)
 	if err := t.Resync(); err != nil {
 		t.logger().Error("resync", "error", err)
 	}

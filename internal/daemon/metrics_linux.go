@@ -1,0 +1,130 @@
+package daemon
+
+import (
+	"time"
+
+	"github.com/gpud/gpud/bpf"
+	"github.com/gpud/gpud/internal/metrics"
+	"github.com/gpud/gpud/internal/occupancy"
+	"github.com/gpud/gpud/internal/preempt"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Reasons of a full resync (gpud_resyncs_total's reason label).
+const (
+	resyncStart      = "start"
+	resyncPeriodic   = "periodic"
+	resyncDropped    = "dropped"
+	resyncMonitoring = "monitoring"
+)
+
+// setupMetrics builds the registry and hooks its event-path counters into
+// the tracker and executor; it runs before either starts.
+func (d *Daemon) setupMetrics() {
+	d.metrics = metrics.New(d.cfg.Version, d.metricsSnapshot)
+	maxIdx := -1
+	for _, g := range d.gpus {
+		maxIdx = max(maxIdx, g.Index)
+	}
+	// Counters per GPU index, looked up once: the open path is hot.
+	allow := make([]prometheus.Counter, maxIdx+1)
+	deny := make([]prometheus.Counter, maxIdx+1)
+	for _, g := range d.gpus {
+		allow[g.Index] = d.metrics.Opens(g.Index, g.UUID, metrics.VerdictAllow)
+		deny[g.Index] = d.metrics.Opens(g.Index, g.UUID, metrics.VerdictDeny)
+	}
+	opened, gate := d.tracker.Opened, d.tracker.Gate
+	d.tracker.Opened = func(info occupancy.ProcInfo, gpu int, ev *bpf.Event) {
+		if gpu >= 0 && gpu < len(allow) && allow[gpu] != nil {
+			allow[gpu].Inc()
+		}
+		if opened != nil {
+			opened(info, gpu, ev)
+		}
+	}
+	d.tracker.Gate = func(ev *bpf.Event) {
+		if gpu := int(ev.GPU); ev.Type == bpf.EventDeny && gpu < len(deny) && deny[gpu] != nil {
+			deny[gpu].Inc()
+		}
+		if gate != nil {
+			gate(ev)
+		}
+	}
+	recorded := d.executor.Recorded
+	d.executor.Recorded = func(r preempt.Record) {
+		var lat time.Duration
+		if r.Action == preempt.ActionKill && r.Result == "done" {
+			lat = time.Duration(r.LatencyMS * float64(time.Millisecond))
+		}
+		d.metrics.Preemption(r.Action, lat)
+		if recorded != nil {
+			recorded(r)
+		}
+	}
+	if d.plugin != nil {
+		registered := d.plugin.Registered
+		d.plugin.Registered = func() {
+			d.registrations.Add(1)
+			if registered != nil {
+				registered()
+			}
+		}
+	}
+}
+
+// Metrics exposes the registry (tests gather from it).
+func (d *Daemon) Metrics() *metrics.Metrics { return d.metrics }
+
+// metricsSnapshot is read at every scrape: the same document the state
+// file shows (loans included), named by workload.
+func (d *Daemon) metricsSnapshot() metrics.Snapshot {
+	now := time.Now()
+	f := occupancy.Render(d.ledger.Snapshot(now), d.cfg.NodeName, d.monitoring.Load())
+	if d.lender != nil {
+		d.lender.decorate(&f)
+	}
+	s := metrics.Snapshot{
+		Events:     map[string]uint64{},
+		Resyncs:    map[string]uint64{},
+		Malformed:  d.registry.MalformedSeen.Load(),
+		Monitoring: d.monitoring.Load(),
+		Enforcing:  d.cfg.Enforce,
+	}
+	for _, g := range f.GPUs {
+		mg := metrics.GPU{Index: g.Index, UUID: g.UUID, Device: g.Device, State: string(g.State)}
+		if g.IdleSince != nil {
+			mg.IdleSeconds = now.Sub(*g.IdleSince).Seconds()
+		}
+		if g.State == occupancy.Lent {
+			s.Lent++
+		}
+		for _, h := range g.Holders {
+			mh := metrics.Holder{Priority: string(h.Priority)}
+			if w, ok := d.registry.Lookup(occupancy.ProcInfo{CgroupID: h.CgroupID, ContainerID: h.ContainerID, PodUID: h.PodUID}); ok {
+				if w.PodUID != "" {
+					mh.Namespace, mh.Pod = w.Namespace, w.Name
+				} else {
+					mh.Container = w.Name
+				}
+			}
+			mg.Holders = append(mg.Holders, mh)
+		}
+		s.GPUs = append(s.GPUs, mg)
+	}
+	for t := bpf.EventType(1); t < bpf.EventTypes; t++ {
+		s.Events[t.String()] = d.tracker.ByType[t].Load()
+	}
+	if n, err := d.mon.Dropped(); err == nil {
+		s.Dropped = n
+	}
+	drops := d.tracker.DropResyncs.Load()
+	s.Resyncs[resyncDropped] = drops
+	s.Resyncs[resyncStart] = d.startResyncs.Load()
+	s.Resyncs[resyncMonitoring] = d.monitoringResyncs.Load()
+	s.Resyncs[resyncPeriodic] = d.periodicResyncs.Load()
+	if d.plugin != nil {
+		s.Registered = d.plugin.IsRegistered()
+		s.Registrations = d.registrations.Load()
+	}
+	return s
+}

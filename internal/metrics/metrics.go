@@ -1,0 +1,272 @@
+// Package metrics exposes gpud to Prometheus: /metrics, /healthz and
+// /readyz on one listener.
+//
+// Gauges are read from a Source at scrape time (so a GPU or workload that
+// went away never leaves a stale series behind); counters that only the
+// event path sees are incremented as events happen. Labels follow
+// dcgm-exporter (gpu, UUID, namespace, pod, container) so that PromQL can
+// join the two exporters; a PID is never a label (unbounded cardinality).
+package metrics
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sort"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Namespace prefixes every metric.
+const Namespace = "gpud"
+
+// Verdicts of a GPU open and actions of a preemption record (label values).
+const (
+	VerdictAllow = "allow"
+	VerdictDeny  = "deny"
+)
+
+// GPU is one GPU as the Source sees it at scrape time.
+type GPU struct {
+	Index       int
+	UUID        string
+	Device      string
+	State       string // free | busy | idle | lent
+	IdleSeconds float64
+	Holders     []Holder // one per process holding the GPU
+}
+
+// Holder is one process holding a GPU, named by its workload.
+type Holder struct {
+	Namespace, Pod, Container string
+	Priority                  string // high | low | unmanaged | unclassified
+}
+
+// Snapshot is everything the gauges and cumulative counters show.
+type Snapshot struct {
+	GPUs          []GPU
+	Events        map[string]uint64 // events received, by type
+	Dropped       uint64            // events the kernel could not queue
+	Resyncs       map[string]uint64 // full /proc reconciliations, by reason
+	Registered    bool              // device plugin registered with kubelet
+	Registrations uint64
+	Lent          int
+	Malformed     uint64 // malformed gpud.io/priority labels seen
+	Monitoring    bool
+	Enforcing     bool
+}
+
+// Source returns the current snapshot; it is called once per scrape.
+type Source func() Snapshot
+
+// States a GPU can be in; every one is exported (0 or 1) so that a state
+// change never leaves an old series at 1.
+var States = []string{"free", "busy", "idle", "lent"}
+
+// Priorities a holder can have.
+var Priorities = []string{"high", "low", "unmanaged", "unclassified"}
+
+// Metrics is gpud's Prometheus registry.
+type Metrics struct {
+	reg         *prometheus.Registry
+	src         Source
+	opens       *prometheus.CounterVec
+	preemptions *prometheus.CounterVec
+	latency     prometheus.Histogram
+	buildInfo   prometheus.Gauge
+
+	// Descriptions of the scrape-time metrics.
+	gpuInfo, gpuState, idle, holders, workloadHolders *prometheus.Desc
+	events, dropped, resyncs, registered, regs        *prometheus.Desc
+	lent, malformed, monitoring, enforcing            *prometheus.Desc
+}
+
+func desc(name, help string, labels ...string) *prometheus.Desc {
+	return prometheus.NewDesc(prometheus.BuildFQName(Namespace, "", name), help, labels, nil)
+}
+
+// New builds the registry; src is read at every scrape.
+func New(version string, src Source) *Metrics {
+	m := &Metrics{
+		reg: prometheus.NewRegistry(),
+		src: src,
+		opens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "gpu_opens_total",
+			Help: "GPU opens seen by the kernel, by verdict. deny counts refusals as reported by the gate: at most one per workload and GPU every 100 ms (a retry loop is not counted per try).",
+		}, []string{"gpu", "UUID", "verdict"}),
+		preemptions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "preemptions_total",
+			Help: "Preemption records, by action: kill (a low-priority holder killed), reclaim (its container or pod stopped or evicted), deny (a low-priority open refused).",
+		}, []string{"action"}),
+		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: Namespace, Name: "preemption_latency_seconds",
+			Help:    "From the high-priority open being observed to each low-priority victim confirmed dead.",
+			Buckets: []float64{.0005, .001, .002, .003, .005, .0075, .01, .025, .05, .1, .25, .5, 1, 2.5},
+		}),
+		buildInfo: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: Namespace, Name: "build_info", Help: "Always 1; the version label says which gpud runs.",
+			ConstLabels: prometheus.Labels{"version": version},
+		}),
+		gpuInfo:         desc("gpu_info", "Always 1 for each GPU gpud tracks; device is its device node.", "gpu", "UUID", "device"),
+		gpuState:        desc("gpu_state", "1 for the GPU's current state, 0 for the others (free, busy, idle, lent).", "gpu", "UUID", "state"),
+		idle:            desc("gpu_idle_seconds", "Seconds since the GPU's last activity while it is idle; 0 otherwise.", "gpu", "UUID"),
+		holders:         desc("gpu_holders", "Processes holding the GPU open, by priority class.", "gpu", "UUID", "priority"),
+		workloadHolders: desc("workload_gpu_holders", "Processes of a workload holding the GPU open (host processes have empty namespace, pod and container).", "gpu", "UUID", "namespace", "pod", "container", "priority"),
+		events:          desc("events_received_total", "Kernel events read from the ring buffer, by type.", "type"),
+		dropped:         desc("events_dropped_total", "Kernel events lost because the ring buffer was full (each loss is followed by a full resync)."),
+		resyncs:         desc("resyncs_total", "Full reconciliations of the ledger with /proc, by reason.", "reason"),
+		registered:      desc("device_plugin_registered", "1 while the device plugin is registered with kubelet."),
+		regs:            desc("device_plugin_registrations_total", "Successful registrations with kubelet (one more after each kubelet restart)."),
+		lent:            desc("lent_gpus", "GPUs currently lent to a borrower pod."),
+		malformed:       desc("malformed_labels_total", "Workloads seen with a malformed gpud.io/priority label (each once)."),
+		monitoring:      desc("monitoring_enabled", "1 while kernel monitoring is switched on."),
+		enforcing:       desc("enforcing", "1 while the kernel gate enforces the priority rules."),
+	}
+	m.reg.MustRegister(m.opens, m.preemptions, m.latency, m.buildInfo, collector{m},
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.buildInfo.Set(1)
+	return m
+}
+
+// Registry exposes the registry (tests gather from it).
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// Opens returns the counter of opens of one GPU with one verdict; callers
+// on the event path keep it rather than look it up per event.
+func (m *Metrics) Opens(gpu int, uuid, verdict string) prometheus.Counter {
+	return m.opens.WithLabelValues(strconv.Itoa(gpu), uuid, verdict)
+}
+
+// Preemption counts one preemption record; latency > 0 is observed (kills).
+func (m *Metrics) Preemption(action string, latency time.Duration) {
+	m.preemptions.WithLabelValues(action).Inc()
+	if latency > 0 {
+		m.latency.Observe(latency.Seconds())
+	}
+}
+
+// collector turns the Source's snapshot into const metrics at scrape time.
+type collector struct{ m *Metrics }
+
+func (c collector) Describe(ch chan<- *prometheus.Desc) {
+	m := c.m
+	for _, d := range []*prometheus.Desc{m.gpuInfo, m.gpuState, m.idle, m.holders, m.workloadHolders,
+		m.events, m.dropped, m.resyncs, m.registered, m.regs, m.lent, m.malformed, m.monitoring, m.enforcing} {
+		ch <- d
+	}
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func (c collector) Collect(ch chan<- prometheus.Metric) {
+	m := c.m
+	s := m.src()
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	for _, g := range s.GPUs {
+		idx := strconv.Itoa(g.Index)
+		gauge(m.gpuInfo, 1, idx, g.UUID, g.Device)
+		for _, st := range States {
+			gauge(m.gpuState, b2f(g.State == st), idx, g.UUID, st)
+		}
+		gauge(m.idle, g.IdleSeconds, idx, g.UUID)
+		byPrio := map[string]int{}
+		type wl struct{ ns, pod, ctr, prio string }
+		byWorkload := map[wl]int{}
+		for _, h := range g.Holders {
+			byPrio[h.Priority]++
+			byWorkload[wl{h.Namespace, h.Pod, h.Container, h.Priority}]++
+		}
+		for _, p := range Priorities {
+			gauge(m.holders, float64(byPrio[p]), idx, g.UUID, p)
+		}
+		for w, n := range byWorkload {
+			gauge(m.workloadHolders, float64(n), idx, g.UUID, w.ns, w.pod, w.ctr, w.prio)
+		}
+	}
+	for _, t := range sortedKeys(s.Events) {
+		counter(m.events, s.Events[t], t)
+	}
+	counter(m.dropped, s.Dropped)
+	for _, r := range sortedKeys(s.Resyncs) {
+		counter(m.resyncs, s.Resyncs[r], r)
+	}
+	gauge(m.registered, b2f(s.Registered))
+	counter(m.regs, s.Registrations)
+	gauge(m.lent, float64(s.Lent))
+	counter(m.malformed, s.Malformed)
+	gauge(m.monitoring, b2f(s.Monitoring))
+	gauge(m.enforcing, b2f(s.Enforcing))
+}
+
+func sortedKeys(m map[string]uint64) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Handler serves /metrics, /healthz (200 while the process serves) and
+// /readyz (200 once ready reports true: programs attached, first
+// reconciliation done).
+func (m *Metrics) Handler(ready func() bool) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if ready != nil && !ready() {
+			http.Error(w, "not ready: kernel programs or first reconciliation pending", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	return mux
+}
+
+// Server is the listening metrics endpoint.
+type Server struct {
+	srv  *http.Server
+	Addr net.Addr // where it listens (":0" picks a port)
+}
+
+// Listen binds addr and serves h in the background until Close.
+func Listen(addr string, h http.Handler, log *slog.Logger) (*Server, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("metrics: listen %s: %w", addr, err)
+	}
+	s := &Server{srv: &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}, Addr: ln.Addr()}
+	go func() {
+		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics endpoint", "error", err)
+		}
+	}()
+	return s, nil
+}
+
+// Close stops serving.
+func (s *Server) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	return s.srv.Shutdown(ctx)
+}
