@@ -311,14 +311,8 @@ func (d *Daemon) Run(ctx context.Context) error {
 	defer d.journal.Close()
 
 	if d.cfg.MetricsAddr != "" {
-		srv, err := metrics.Listen(d.cfg.MetricsAddr, d.metrics.Handler(d.Ready), d.log)
-		if err != nil {
-			cancel()
-			wg.Wait()
-			return fmt.Errorf("%w: --metrics-addr: %w", ErrConfig, err)
-		}
-		defer srv.Close()
-		d.log.Info("serving metrics", "addr", srv.Addr.String())
+		wg.Add(1)
+		go func() { defer wg.Done(); d.serveMetrics(ctx) }()
 	}
 
 	var ctl *controlServer

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"time"
 
 	"github.com/gpud/gpud/bpf"
@@ -127,4 +128,25 @@ func (d *Daemon) metricsSnapshot() metrics.Snapshot {
 		s.Registrations = d.registrations.Load()
 	}
 	return s
+}
+
+// serveMetrics serves /metrics until ctx ends. A port that cannot be bound
+// (another gpud still shutting down, a clash) is retried rather than fatal:
+// the node agent's enforcement matters more than its scrape endpoint.
+func (d *Daemon) serveMetrics(ctx context.Context) {
+	for wait := time.Second; ; wait = min(2*wait, 30*time.Second) {
+		srv, err := metrics.Listen(d.cfg.MetricsAddr, d.metrics.Handler(d.Ready), d.log)
+		if err == nil {
+			d.log.Info("serving metrics", "addr", srv.Addr.String())
+			<-ctx.Done()
+			srv.Close()
+			return
+		}
+		d.log.Error("metrics endpoint unavailable, retrying", "addr", d.cfg.MetricsAddr, "retry_in", wait, "error", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+	}
 }
