@@ -80,7 +80,13 @@ func (n *NVML) Sample() (map[int]Activity, error) {
 	var errs []error
 	for idx, d := range n.devices {
 		key := idx
-		if i, ok := n.index[idx]; ok {
+		if n.index != nil {
+			// After Annotate, a device with no GPU node of ours is not
+			// sampled: keyed by its minor it could pose as another GPU.
+			i, ok := n.index[idx]
+			if !ok {
+				continue
+			}
 			key = i
 		}
 		samples, ret := d.GetProcessUtilization(n.lastSeen[idx])

@@ -224,3 +224,26 @@ func TestNVMLShutdown(t *testing.T) {
 		t.Errorf("Shutdown calls = %d, want 1", calls)
 	}
 }
+
+// After Annotate, a device without a GPU node of ours is not sampled: its
+// minor number must not pose as the index of another GPU.
+func TestNVMLSampleOnlyAnnotatedDevices(t *testing.T) {
+	s := newServer()
+	n := &NVML{Lib: s}
+	if err := n.Init(); err != nil {
+		t.Fatal(err)
+	}
+	// Our only GPU is index 0 with minor 5; NVML's minor-0 device is busy.
+	n.Annotate([]GPU{{Index: 0, Device: "/dev/nvidia5", Minor: 5}})
+	for minor := 0; minor < 8; minor++ {
+		u := &utilization{ret: nvml.ERROR_NOT_FOUND}
+		if minor == 0 {
+			u.ret, u.samples = nvml.SUCCESS, []nvml.ProcessUtilizationSample{{Pid: 9, TimeStamp: 1_740_000_000_000_000, SmUtil: 80}}
+		}
+		u.install(device(s, minor))
+	}
+	got, err := n.Sample()
+	if err != nil || len(got) != 0 {
+		t.Fatalf("Sample = %v, %v; want nothing (minor 0 is not one of our GPUs)", got, err)
+	}
+}
