@@ -1,0 +1,142 @@
+//go:build k8s
+
+package k8s
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
+	"github.com/gpud/gpud/internal/daemon"
+	"github.com/gpud/gpud/internal/deviceplugin"
+	"github.com/gpud/gpud/internal/occupancy"
+	"github.com/gpud/gpud/internal/preempt"
+)
+
+// The owner of a lent GPU becomes active on it (NVML sees its process
+// using the GPU) without opening it again: gpud takes the GPU back, the
+// borrower's processes die and the borrower pod is evicted. NVML is the one
+// part that cannot run here: gpud runs in this test process with go-nvml's
+// mock of a DGX A100, whose device 0 answers for the fake GPU (minor 229);
+// kubelet, its device manager, PodResources and the pods are real.
+func TestOwnerActiveOnNVMLTakesLentGPUBack(t *testing.T) {
+	dev, gpu := fakeGPU(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	standin := &deviceplugin.Plugin{ResourceName: "nvidia.com/gpu", KubeletDir: env(t, "DEVICE_PLUGINS_DIR"),
+		Endpoint: "test-nvidia.sock", Log: logger,
+		Backend: &deviceplugin.Static{Nodes: map[string]string{"0": gpu}, ContainerPath: map[string]string{"0": "/dev/nvidia0"}}}
+	wg.Go(func() { standin.Run(ctx) })
+
+	// The mock: only device 0 (minor 229, the fake node's) ever reports a
+	// sample, and only once ownerActive holds the owner's host PID.
+	var ownerActive atomic.Int64
+	lib := dgxa100.New()
+	for i, d := range lib.Devices {
+		md := d.(*dgxa100.Device)
+		if i == 0 {
+			md.Minor = 229
+			md.GetProcessUtilizationFunc = func(last uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
+				pid := ownerActive.Load()
+				if pid == 0 {
+					return nil, nvml.ERROR_NOT_FOUND
+				}
+				return []nvml.ProcessUtilizationSample{{Pid: uint32(pid), TimeStamp: uint64(time.Now().UnixMicro()), SmUtil: 60, MemUtil: 20}}, nvml.SUCCESS
+			}
+			continue
+		}
+		md.Minor = 100 + i // no node of ours
+		md.GetProcessUtilizationFunc = func(uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
+			return nil, nvml.ERROR_NOT_FOUND
+		}
+	}
+
+	state := t.TempDir()
+	logs := &lockedBuffer{}
+	d, err := daemon.New(daemon.Config{
+		DevDir: dev, StateFile: filepath.Join(state, "state.json"), StateDir: state,
+		IdleAfter: 2 * time.Second, NodeName: env(t, "NODE_NAME"), KubeConfig: env(t, "KUBECONFIG"),
+		Enforce: true, FailOpenAfter: 30 * time.Second, DefaultPriority: occupancy.Unmanaged,
+		Reclaim: preempt.ReclaimEvict, ReservationTTL: 30 * time.Second, DockerHost: "none", CRIEndpoint: "none",
+		DevicePlugin: true, KubeletDir: env(t, "DEVICE_PLUGINS_DIR"),
+		PodResourcesSocket: filepath.Join(env(t, "KUBELET_ROOT"), "pod-resources", "kubelet.sock"),
+		NVML:               lib,
+	}, slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wg.Go(func() { d.Run(ctx) })
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("gpud's log:\n%s", logs.String())
+		}
+	})
+	statePath := filepath.Join(state, "state.json")
+	holders := fileHolders(statePath)
+	eventually(t, "gpud registered and kubelet lists both resources", 30*time.Second, func() bool {
+		return d.Plugin().IsRegistered() && allocatable(t, "nvidia.com/gpu") == "1"
+	})
+	health := watchHealth(t, filepath.Join(env(t, "DEVICE_PLUGINS_DIR"), "gpud.sock"))
+
+	resourcePod(t, "nvowner", "nvidia.com/gpu")
+	mustKubectl(t, "wait", "--for=condition=Ready", "pod/nvowner", "--timeout=60s")
+	ownerPID := hold(t, holders, "nvowner")
+	waitHealth(t, health, "Healthy", 15*time.Second)
+
+	resourcePod(t, "nvborrower", "gpud.io/idle-gpu")
+	mustKubectl(t, "wait", "--for=condition=Ready", "pod/nvborrower", "--timeout=60s")
+	borrowerPID := hold(t, holders, "nvborrower")
+	borrowerUID := podUID(t, "nvborrower")
+
+	// The owner computes on its GPU: no new open, only NVML's samples.
+	ownerActive.Store(int64(ownerPID))
+	eventually(t, "the borrower's process is dead", 10*time.Second, func() bool { return !alive(borrowerPID) })
+	if !alive(ownerPID) {
+		t.Fatal("the owner was harmed")
+	}
+	eventually(t, "a kill record naming the owner's pod and the borrower", 10*time.Second, func() bool {
+		for _, r := range d.Journal().Recent() {
+			if r.Action == preempt.ActionKill && r.Victim.PID == borrowerPID && r.Victim.PodUID == borrowerUID &&
+				r.Preemptor.PodUID == podUID(t, "nvowner") && r.Result == "done" {
+				b, _ := json.Marshal(r)
+				t.Logf("record: %s", b)
+				return true
+			}
+		}
+		return false
+	})
+	eventually(t, "the borrower pod is evicted and gone", 30*time.Second, func() bool {
+		_, err := kubectl(t, "get", "pod", "nvborrower")
+		return err != nil
+	})
+	waitHealth(t, health, "Unhealthy", 5*time.Second)
+}
+
+// lockedBuffer collects gpud's log from several goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
