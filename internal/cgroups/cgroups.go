@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"syscall"
@@ -143,15 +142,20 @@ var (
 	scopeRe  = regexp.MustCompile(`^(docker|cri-containerd|crio)-([0-9a-f]{64})\.scope$`)
 	bareIDRe = regexp.MustCompile(`^[0-9a-f]{64}$`)
 	// kubepods-besteffort-pod<uid>.slice (uid with _), or pod<uid> (cgroupfs
-	// driver); a static pod's uid is a 32-hex hash, not a dashed UUID.
-	podSliceRe = regexp.MustCompile(`^kubepods(?:-[a-z]+)?-pod([0-9a-f_]{36}|[0-9a-f]{32})\.slice$`)
-	podDirRe   = regexp.MustCompile(`^pod([0-9a-f-]{36}|[0-9a-f]{32})$`)
+	// driver); a static pod's uid is a 32-hex hash, not a dashed UUID. The
+	// UUID's groups are matched exactly: "pod" and 36 dashes is no pod.
+	podSliceRe = regexp.MustCompile(`^kubepods(?:-[a-z]+)?-pod([0-9a-f]{8}_[0-9a-f]{4}_[0-9a-f]{4}_[0-9a-f]{4}_[0-9a-f]{12}|[0-9a-f]{32})\.slice$`)
+	podDirRe   = regexp.MustCompile(`^pod([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32})$`)
 )
 
 // ContainerFromPath returns the container id a cgroup path names, and the
 // runtime it names (docker, containerd, crio, or "" for a bare id).
 func ContainerFromPath(p string) (id, runtime string) {
-	for _, el := range reverse(strings.Split(p, "/")) {
+	els := strings.Split(p, "/")
+	// The deepest element naming a container: a container may have
+	// cgroups of its own below its id.
+	for i := len(els) - 1; i >= 0; i-- {
+		el := els[i]
 		if m := scopeRe.FindStringSubmatch(el); m != nil {
 			rt := m[1]
 			if rt == "cri-containerd" {
@@ -160,8 +164,9 @@ func ContainerFromPath(p string) (id, runtime string) {
 			return m[2], rt
 		}
 		if bareIDRe.MatchString(el) {
-			parent := filepath.Base(filepath.Dir(p))
-			if parent == "docker" {
+			// /docker/<id> (cgroupfs driver): the element right above the
+			// id's, not the path's last parent (/docker/<id>/sub is Docker's too).
+			if i > 0 && els[i-1] == "docker" {
 				return el, "docker"
 			}
 			return el, ""
@@ -181,12 +186,4 @@ func PodFromPath(p string) string {
 		}
 	}
 	return ""
-}
-
-func reverse(s []string) []string {
-	out := make([]string, len(s))
-	for i, v := range s {
-		out[len(s)-1-i] = v
-	}
-	return out
 }

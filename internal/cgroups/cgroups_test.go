@@ -71,17 +71,3 @@ func TestParseRejectsGarbage(t *testing.T) {
 		}
 	}
 }
-
-func FuzzParse(f *testing.F) {
-	f.Add("0::/kubepods/burstable/pod1a2b3c4d-0000-1111-2222-333344445555/" + id + "\n")
-	f.Add("4:memory:/docker/" + id + "\n0::/\n")
-	f.Fuzz(func(t *testing.T, in string) {
-		info, err := Parse(in)
-		if err != nil {
-			return
-		}
-		if info.ContainerID != "" && len(info.ContainerID) != 64 {
-			t.Fatalf("container id %q", info.ContainerID)
-		}
-	})
-}
