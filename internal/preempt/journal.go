@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sync"
@@ -55,11 +57,16 @@ type Journal struct {
 	keep   int
 	seq    uint64
 	byTask map[string]int // task id → index in recent of its newest kill
+	// torn is set when the file does not end in a newline (a write cut
+	// short by a crash): the next record starts on a line of its own, or it
+	// would be glued to the torn one and lost with it.
+	torn bool
 }
 
 // OpenJournal opens (creating) the journal at path and loads its last keep
-// records. Lines that cannot be parsed (a torn last write) are skipped and
-// reported in skipped.
+// records. Lines that cannot be parsed (a torn last write, garbage, a line
+// longer than any record) are skipped and reported in skipped; they never
+// stop gpud from starting.
 func OpenJournal(path string, keep int) (j *Journal, skipped int, err error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, 0, fmt.Errorf("preempt: journal dir: %w", err)
@@ -68,29 +75,36 @@ func OpenJournal(path string, keep int) (j *Journal, skipped int, err error) {
 	if err != nil {
 		return nil, 0, fmt.Errorf("preempt: journal: %w", err)
 	}
+	keep = max(keep, 0)
 	j = &Journal{f: f, keep: keep}
 	order := []string{}
 	byID := map[string]Record{}
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64*1024), 1<<20)
-	for sc.Scan() {
-		line := bytes.TrimSpace(sc.Bytes())
-		if len(line) == 0 {
-			continue
+	rd := bufio.NewReaderSize(f, 64*1024)
+	var buf []byte
+	for {
+		line, tooLong, nl, err := readLine(rd, buf[:0], maxJournalLine)
+		buf = line
+		if (len(line) > 0 || tooLong) && !nl {
+			j.torn = true // only the last line can lack its newline
 		}
-		var r Record
-		if err := json.Unmarshal(line, &r); err != nil || r.ID == "" {
-			skipped++
-			continue
+		if line = bytes.TrimSpace(line); len(line) > 0 || tooLong {
+			var r Record
+			if tooLong || json.Unmarshal(line, &r) != nil || r.ID == "" {
+				skipped++
+			} else {
+				if _, ok := byID[r.ID]; !ok {
+					order = append(order, r.ID)
+				}
+				byID[r.ID] = r
+			}
 		}
-		if _, ok := byID[r.ID]; !ok {
-			order = append(order, r.ID)
+		if errors.Is(err, io.EOF) {
+			break
 		}
-		byID[r.ID] = r
-	}
-	if err := sc.Err(); err != nil {
-		f.Close()
-		return nil, skipped, fmt.Errorf("preempt: reading journal: %w", err)
+		if err != nil {
+			f.Close()
+			return nil, skipped, fmt.Errorf("preempt: reading journal: %w", err)
+		}
 	}
 	if len(order) > keep {
 		order = order[len(order)-keep:]
@@ -112,6 +126,31 @@ func OpenJournal(path string, keep int) (j *Journal, skipped int, err error) {
 // maxJournalBytes is the size past which the journal is compacted at open.
 const maxJournalBytes = 8 << 20
 
+// maxJournalLine bounds a journal line kept in memory: a record is well
+// under 1 KiB, so a longer line is damage, skipped without holding it.
+const maxJournalLine = 1 << 20
+
+// readLine reads the next line of rd into buf, its newline dropped. A line
+// longer than limit is consumed but not kept (tooLong). nl says whether the
+// line ended with a newline; err is io.EOF after the last line.
+func readLine(rd *bufio.Reader, buf []byte, limit int) (line []byte, tooLong, nl bool, err error) {
+	for {
+		chunk, err := rd.ReadSlice('\n')
+		if n := len(chunk); n > 0 && chunk[n-1] == '\n' {
+			chunk, nl = chunk[:n-1], true
+		}
+		if !tooLong && len(buf)+len(chunk) > limit {
+			tooLong, buf = true, buf[:0]
+		}
+		if !tooLong {
+			buf = append(buf, chunk...)
+		}
+		if !errors.Is(err, bufio.ErrBufferFull) {
+			return buf, tooLong, nl, err
+		}
+	}
+}
+
 func (j *Journal) compact(path string) error {
 	var buf bytes.Buffer
 	for _, r := range j.recent {
@@ -129,7 +168,7 @@ func (j *Journal) compact(path string) error {
 		return fmt.Errorf("preempt: journal: %w", err)
 	}
 	j.f.Close()
-	j.f = f
+	j.f, j.torn = f, false
 	return nil
 }
 
@@ -162,9 +201,14 @@ func (j *Journal) appendLocked(r Record) error {
 	if err != nil {
 		return fmt.Errorf("preempt: encoding record: %w", err)
 	}
-	if _, err := j.f.Write(append(b, '\n')); err != nil {
+	line := append(b, '\n')
+	if j.torn {
+		line = append([]byte{'\n'}, line...)
+	}
+	if _, err := j.f.Write(line); err != nil {
 		return fmt.Errorf("preempt: writing journal: %w", err)
 	}
+	j.torn = false
 	if err := j.f.Sync(); err != nil {
 		return fmt.Errorf("preempt: syncing journal: %w", err)
 	}
