@@ -175,6 +175,12 @@ func ContainerFromPath(p string) (id, runtime string) {
 	return "", ""
 }
 
+var podUIDRe = regexp.MustCompile(`^(?:[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32})$`)
+
+// ValidPodUID reports whether uid is a pod uid kubelet names cgroups after:
+// a UUID, or a static pod's 32-hex hash. It is what PodFromPath returns.
+func ValidPodUID(uid string) bool { return podUIDRe.MatchString(uid) }
+
 // PodFromPath returns the kubelet pod uid a cgroup path names, or "".
 func PodFromPath(p string) string {
 	for _, el := range strings.Split(p, "/") {

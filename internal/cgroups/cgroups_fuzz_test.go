@@ -157,3 +157,26 @@ func FuzzContainerFromPath(f *testing.F) {
 		t.Fatalf("%q: returned %q, not an element", p, cid)
 	})
 }
+
+// FuzzValidPodUID: ValidPodUID accepts exactly the uids the pod path
+// patterns take, and each is found again in both drivers' paths.
+func FuzzValidPodUID(f *testing.F) {
+	for _, s := range []string{"1a2b3c4d-0000-1111-2222-333344445555", "15eb05479cc0a401db8494898de6d2f9", "",
+		strings.Repeat("-", 36), "1a2b3c4d_0000_1111_2222_333344445555", "1A2B3C4D-0000-1111-2222-333344445555", "../x"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, uid string) {
+		if ValidPodUID(uid) != podUUID.MatchString(uid) {
+			t.Fatalf("ValidPodUID(%q) = %v", uid, ValidPodUID(uid))
+		}
+		if !ValidPodUID(uid) {
+			return
+		}
+		for _, p := range []string{"/kubepods/burstable/pod" + uid + "/" + id,
+			"/kubepods.slice/kubepods-pod" + strings.ReplaceAll(uid, "-", "_") + ".slice/cri-containerd-" + id + ".scope"} {
+			if got := PodFromPath(p); got != uid {
+				t.Fatalf("PodFromPath(%q) = %q, want %q", p, got, uid)
+			}
+		}
+	})
+}

@@ -124,6 +124,9 @@ func (p *Pods) put(obj any) {
 // PodCgroupPaths returns where kubelet puts a pod's cgroup, under the cgroup
 // v2 root, for the cgroupfs and the systemd drivers.
 func PodCgroupPaths(uid string, qos corev1.PodQOSClass) []string {
+	if !cgroups.ValidPodUID(uid) {
+		return nil // a path built from "../x" would name another cgroup
+	}
 	q := strings.ToLower(string(qos))
 	under := uid
 	systemd := "kubepods-pod" + strings.ReplaceAll(uid, "-", "_") + ".slice"

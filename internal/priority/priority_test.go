@@ -107,14 +107,3 @@ func TestClassifyProc(t *testing.T) {
 		}
 	}
 }
-
-func FuzzParseLabel(f *testing.F) {
-	f.Add("high")
-	f.Add("lo w")
-	f.Fuzz(func(t *testing.T, v string) {
-		p, err := ParseLabel(v)
-		if err == nil && p != occupancy.High && p != occupancy.Low {
-			t.Fatalf("ParseLabel(%q) = %q", v, p)
-		}
-	})
-}
