@@ -8,6 +8,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/gpud/gpud/internal/occupancy"
 )
@@ -22,7 +24,7 @@ func Render(w io.Writer, f *occupancy.StateFile, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
 	fmt.Fprintln(tw, "GPU\tSTATE\tPID\tCOMM\tCONTAINER/POD\tPRIORITY\tFDS\tSINCE")
 	for _, g := range f.GPUs {
-		state := string(g.State)
+		state := printable(string(g.State))
 		if g.State == occupancy.Idle && g.IdleSince != nil {
 			state += " " + ago(now, *g.IdleSince)
 		}
@@ -36,7 +38,7 @@ func Render(w io.Writer, f *occupancy.StateFile, now time.Time) error {
 				gpu, state = "", ""
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%d\t%s\n", gpu, state, h.PID, trunc(h.Comm, 15),
-				workload(h), h.Priority, h.FDs, ago(now, h.OpenedAt))
+				workload(h), printable(string(h.Priority)), h.FDs, ago(now, h.OpenedAt))
 		}
 	}
 	if err := tw.Flush(); err != nil {
@@ -83,7 +85,7 @@ func renderPreemptions(w io.Writer, raw []occupancy.Preemption, now time.Time) e
 		if p.LatencyMS > 0 {
 			ms = fmt.Sprintf("%.1f", p.LatencyMS)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\n", ago(now, p.Time), p.GPU, p.Action,
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\n", ago(now, p.Time), p.GPU, printable(p.Action),
 			party(p.Victim.PID, p.Victim.ContainerID, p.Victim.PodUID),
 			party(p.Preemptor.PID, p.Preemptor.ContainerID, p.Preemptor.PodUID), ms, trunc(p.Result, 12))
 	}
@@ -120,18 +122,39 @@ func workload(h occupancy.StateHolder) string {
 	return "host"
 }
 
+// trunc returns s made printable, cut to n characters.
 func trunc(s string, n int) string {
-	if len(s) <= n {
+	s = printable(s)
+	if utf8.RuneCountInString(s) <= n {
 		return s
 	}
-	return s[:n]
+	return string([]rune(s)[:n])
 }
 
+// printable replaces what must not reach a terminal with '?': control
+// characters (newlines, escape sequences), bidi overrides and other
+// invisible formatting, bytes that are not UTF-8. Comm is whatever a
+// process names itself, and the rest comes from a file anyone with write
+// access to it could have edited.
+func printable(s string) string {
+	unsafe := func(r rune) bool { return r == utf8.RuneError || (r != ' ' && !unicode.IsPrint(r)) }
+	if strings.IndexFunc(s, unsafe) < 0 {
+		return s
+	}
+	return strings.Map(func(r rune) rune {
+		if unsafe(r) {
+			return '?'
+		}
+		return r
+	}, s)
+}
+
+// orDash returns s made printable, or "-" when it shows nothing.
 func orDash(s string) string {
 	if strings.TrimSpace(s) == "" {
 		return "-"
 	}
-	return s
+	return printable(s)
 }
 
 func ago(now, t time.Time) string {

@@ -1,0 +1,74 @@
+package status
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/gpud/gpud/internal/occupancy"
+)
+
+// FuzzRender: any state file gpud status can read renders without error
+// to exactly the table it describes (one line per holder, or per GPU
+// without one; the last five preemptions), in printable UTF-8. Comm is
+// whatever a process calls itself (prctl(PR_SET_NAME)) and ids come from
+// the file: a newline, a terminal escape or a bidi override in them must
+// not reach the terminal of whoever runs gpud status.
+func FuzzRender(f *testing.F) {
+	add := func(sf *occupancy.StateFile) {
+		b, err := json.Marshal(sf)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	add(realistic())
+	hostile := realistic()
+	hostile.Node = "node\n\x1b[2Jowned"
+	hostile.GPUs[0].Holders[0].Comm = "evil\x1b]0;pwned\x07"
+	hostile.GPUs[0].Holders[1].Comm = "a\nb\rc\td"
+	hostile.GPUs[0].Holders[1].ContainerID = "\u202eabc\u202c" + ctrID
+	hostile.GPUs[1].Holders[0].Comm = "\xff\xfe\x80" + "ééééééééé"
+	hostile.GPUs[1].Holders[0].Priority = "lo\x00w"
+	hostile.Preemptions = []occupancy.Preemption{
+		json.RawMessage(`{"time":"2025-03-01T11:59:00Z","gpu":1,"action":"kill\u001b[31m","victim":{"pid":1,"pod_uid":"\n\n"},"result":"\u0085done"}`),
+		json.RawMessage(`"not an object"`),
+	}
+	add(hostile)
+	add(&occupancy.StateFile{Version: 1})
+	f.Add([]byte(`{"version":1,"gpus":[{"index":-1,"state":"idle","idle_since":"0001-01-01T00:00:00Z","holders":[{"pid":2147483647,"fds":-5}]}]}`))
+	f.Add([]byte(`{"version":1,"preemptions":[{},{},{},{},{},{},{},1,null,"x"]}`))
+	f.Add([]byte(`{"version":2}`))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		sf, err := occupancy.ParseStateFile(in)
+		if err != nil {
+			return
+		}
+		var b bytes.Buffer
+		if err := Render(&b, sf, now); err != nil {
+			t.Fatalf("Render: %v", err)
+		}
+		out := b.String()
+		if !utf8.ValidString(out) {
+			t.Fatalf("output is not UTF-8:\n%q", out)
+		}
+		for _, r := range out {
+			if r != '\n' && r != ' ' && !unicode.IsPrint(r) {
+				t.Fatalf("unprintable %U in output:\n%q", r, out)
+			}
+		}
+		want := 3 // header, blank, column titles
+		for _, g := range sf.GPUs {
+			want += max(1, len(g.Holders))
+		}
+		if n := len(sf.Preemptions); n > 0 {
+			want += 3 + min(n, 5) // blank, title, column titles, the last five
+		}
+		if got := strings.Count(out, "\n"); got != want || !strings.HasSuffix(out, "\n") {
+			t.Fatalf("%d lines, want %d:\n%s", got, want, out)
+		}
+	})
+}
