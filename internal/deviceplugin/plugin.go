@@ -14,6 +14,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"time"
 
@@ -257,14 +258,82 @@ func same(a, b *pluginapi.ListAndWatchResponse) bool {
 	return true
 }
 
+// The handlers check a request against the devices listed before the
+// backend sees it: an unknown id, the same id twice, a container request
+// naming none are a clear InvalidArgument (kubelet never sends them; a
+// client that does gets nothing), and the backend only ever decides about
+// devices it listed. Messages quote at most maxQuotedID bytes of an id.
+
+// known returns the ids the backend lists.
+func (s *service) known() map[string]bool {
+	devs := s.p.Backend.Devices()
+	out := make(map[string]bool, len(devs))
+	for _, d := range devs {
+		out[d.ID] = true
+	}
+	return out
+}
+
+const maxQuotedID = 64
+
+// quoteID quotes an id for an error message, cut if long.
+func quoteID(id string) string {
+	if len(id) > maxQuotedID {
+		return strconv.Quote(id[:maxQuotedID]) + fmt.Sprintf("… (%d bytes)", len(id))
+	}
+	return strconv.Quote(id)
+}
+
+// checkIDs refuses an id twice in ids (or already in seen, when not nil)
+// or, when known is not nil, an id the backend does not list.
+func checkIDs(what string, ids []string, known, seen map[string]bool) error {
+	if seen == nil {
+		seen = make(map[string]bool, len(ids))
+	}
+	for _, id := range ids {
+		if known != nil && !known[id] {
+			return status.Errorf(codes.InvalidArgument, "%s: unknown device %s", what, quoteID(id))
+		}
+		if seen[id] {
+			return status.Errorf(codes.InvalidArgument, "%s: device %s requested twice", what, quoteID(id))
+		}
+		seen[id] = true
+	}
+	return nil
+}
+
 func (s *service) GetPreferredAllocation(_ context.Context, req *pluginapi.PreferredAllocationRequest) (*pluginapi.PreferredAllocationResponse, error) {
 	var out pluginapi.PreferredAllocationResponse
+	known := s.known()
 	for _, r := range req.ContainerRequests {
 		if r == nil || r.AllocationSize < 0 || int(r.AllocationSize) > len(r.AvailableDeviceIDs) {
 			return nil, status.Error(codes.InvalidArgument, "preferred allocation: size out of range")
 		}
+		if len(r.MustIncludeDeviceIDs) > int(r.AllocationSize) {
+			return nil, status.Errorf(codes.InvalidArgument, "preferred allocation: %d devices must be included in %d",
+				len(r.MustIncludeDeviceIDs), r.AllocationSize)
+		}
+		available := make(map[string]bool, len(r.AvailableDeviceIDs))
+		if err := checkIDs("preferred allocation", r.AvailableDeviceIDs, nil, available); err != nil {
+			return nil, err
+		}
+		if err := checkIDs("preferred allocation: must include", r.MustIncludeDeviceIDs, available, nil); err != nil {
+			return nil, err
+		}
+		// Only devices we list are preferred (a stale id would be refused
+		// by Allocate); those that must be included are kubelet's choice.
+		must := make(map[string]bool, len(r.MustIncludeDeviceIDs))
+		for _, id := range r.MustIncludeDeviceIDs {
+			must[id] = true
+		}
+		ordered := make([]string, 0, len(r.AvailableDeviceIDs))
+		for _, id := range r.AvailableDeviceIDs {
+			if known[id] || must[id] {
+				ordered = append(ordered, id)
+			}
+		}
 		out.ContainerResponses = append(out.ContainerResponses, &pluginapi.ContainerPreferredAllocationResponse{
-			DeviceIDs: s.p.Backend.Preferred(r.AvailableDeviceIDs, r.MustIncludeDeviceIDs, int(r.AllocationSize)),
+			DeviceIDs: s.p.Backend.Preferred(ordered, r.MustIncludeDeviceIDs, int(r.AllocationSize)),
 		})
 	}
 	return &out, nil
@@ -275,10 +344,18 @@ func (s *service) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*
 	if len(req.ContainerRequests) == 0 {
 		return nil, status.Error(codes.InvalidArgument, "allocate: no container requests")
 	}
+	// The whole request is checked before any of it is allocated.
+	known, seen := s.known(), map[string]bool{}
 	for _, r := range req.ContainerRequests {
 		if r == nil || len(r.DevicesIds) == 0 {
 			return nil, status.Error(codes.InvalidArgument, "allocate: a container request names no device")
 		}
+		if err := checkIDs("allocate", r.DevicesIds, known, seen); err != nil {
+			s.p.Log.Warn("device plugin: malformed allocation request", "resource", s.p.ResourceName, "error", err)
+			return nil, err
+		}
+	}
+	for _, r := range req.ContainerRequests {
 		resp, err := s.p.Backend.Allocate(r.DevicesIds)
 		if err != nil {
 			s.p.Log.Warn("device plugin: allocation refused", "resource", s.p.ResourceName, "devices", r.DevicesIds, "error", err)
@@ -292,7 +369,12 @@ func (s *service) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*
 	return &out, nil
 }
 
-func (s *service) PreStartContainer(context.Context, *pluginapi.PreStartContainerRequest) (*pluginapi.PreStartContainerResponse, error) {
+// PreStartContainer is not asked for (PreStartRequired is false); called
+// anyway, it only checks the ids are ours.
+func (s *service) PreStartContainer(_ context.Context, req *pluginapi.PreStartContainerRequest) (*pluginapi.PreStartContainerResponse, error) {
+	if err := checkIDs("pre-start", req.DevicesIds, s.known(), nil); err != nil {
+		return nil, err
+	}
 	return &pluginapi.PreStartContainerResponse{}, nil
 }
 

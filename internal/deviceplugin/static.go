@@ -37,15 +37,22 @@ func (s *Static) Preferred(available, mustInclude []string, size int) []string {
 }
 
 // Pick is a preferred allocation: mustInclude, then devices from ordered
-// (best first) until size are picked.
+// (best first) until size are picked; each once. Linear, for requests of
+// thousands of ids.
 func Pick(ordered, mustInclude []string, size int) []string {
-	out := slices.Clone(mustInclude)
+	out := make([]string, 0, min(max(size, len(mustInclude)), len(ordered)+len(mustInclude)))
+	picked := make(map[string]bool, cap(out))
+	for _, id := range mustInclude {
+		if !picked[id] {
+			out, picked[id] = append(out, id), true
+		}
+	}
 	for _, id := range ordered {
 		if len(out) >= size {
 			break
 		}
-		if !slices.Contains(out, id) {
-			out = append(out, id)
+		if !picked[id] {
+			out, picked[id] = append(out, id), true
 		}
 	}
 	return out
