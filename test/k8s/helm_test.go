@@ -1,0 +1,302 @@
+//go:build k8s
+
+package k8s
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/yaml"
+)
+
+// The chart and the pinned helm that renders it (built once from the module
+// proxy by scripts/helm.sh; the Makefile builds it before these tests).
+func chartDir() string {
+	root, _ := filepath.Abs("../..")
+	return filepath.Join(root, "deploy/helm/gpud")
+}
+
+func helm(t *testing.T, args ...string) string {
+	t.Helper()
+	root, _ := filepath.Abs("../..")
+	var stdout, stderr bytes.Buffer
+	cmd := exec.Command(filepath.Join(root, "scripts/helm.sh"), args...)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("helm %v: %v\n%s%s", args, err, stdout.String(), stderr.String())
+	}
+	return stdout.String()
+}
+
+// testValues are the chart's values for the test cluster: the local image,
+// the fake GPU directory, the API server reached directly (no kube-proxy),
+// a quick readiness probe.
+func testValues(t *testing.T, dev string) string {
+	t.Helper()
+	f := filepath.Join(t.TempDir(), "values.yaml")
+	err := os.WriteFile(f, []byte(fmt.Sprintf(`image: {repository: gpud.local/gpud, tag: dev, pullPolicy: Never}
+createNamespace: true
+hostPaths: {dev: %s}
+extraEnv:
+  - {name: KUBERNETES_SERVICE_HOST, value: "127.0.0.1"}
+  - {name: KUBERNETES_SERVICE_PORT, value: "6443"}
+readinessProbe: {periodSeconds: 1}
+`, dev)), 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// render runs helm template for release gpud in gpud-system.
+func render(t *testing.T, args ...string) string {
+	t.Helper()
+	return helm(t, append([]string{"template", "gpud", chartDir(), "--namespace", "gpud-system"}, args...)...)
+}
+
+// object is the part of a Kubernetes object the checks read.
+type object struct {
+	Kind     string `json:"kind"`
+	Metadata struct {
+		Name        string            `json:"name"`
+		Namespace   string            `json:"namespace"`
+		Annotations map[string]string `json:"annotations"`
+	} `json:"metadata"`
+	Rules []map[string]any `json:"rules"`
+	Spec  struct {
+		Template struct {
+			Metadata struct {
+				Annotations map[string]string `json:"annotations"`
+			} `json:"metadata"`
+			Spec struct {
+				HostPID     bool `json:"hostPID"`
+				HostNetwork bool `json:"hostNetwork"`
+				Containers  []struct {
+					Image           string           `json:"image"`
+					Args            []string         `json:"args"`
+					Env             []map[string]any `json:"env"`
+					Ports           []map[string]any `json:"ports"`
+					VolumeMounts    []map[string]any `json:"volumeMounts"`
+					SecurityContext map[string]any   `json:"securityContext"`
+					ReadinessProbe  map[string]any   `json:"readinessProbe"`
+					LivenessProbe   map[string]any   `json:"livenessProbe"`
+				} `json:"containers"`
+				Volumes []map[string]any `json:"volumes"`
+			} `json:"spec"`
+		} `json:"template"`
+	} `json:"spec"`
+}
+
+// objects decodes a multi-document YAML stream, by kind.
+func objects(t *testing.T, manifest string) map[string]object {
+	t.Helper()
+	out := map[string]object{}
+	dec := yaml.NewYAMLOrJSONDecoder(strings.NewReader(manifest), 4096)
+	for {
+		var o object
+		err := dec.Decode(&o)
+		if errors.Is(err, io.EOF) {
+			return out
+		}
+		if err != nil {
+			t.Fatalf("decoding the manifest: %v\n%s", err, manifest)
+		}
+		if o.Kind != "" {
+			out[o.Kind] = o
+		}
+	}
+}
+
+func kustomizeBase(t *testing.T) map[string]object {
+	t.Helper()
+	root, _ := filepath.Abs("../..")
+	return objects(t, mustKubectl(t, "kustomize", filepath.Join(root, "deploy/base")))
+}
+
+// runFlags lists `gpud run`'s flags, from its own help.
+func runFlags(t *testing.T) []string {
+	t.Helper()
+	root, _ := filepath.Abs("../..")
+	out, err := exec.Command(filepath.Join(root, "bin/gpud"), "run", "-h").CombinedOutput()
+	if err != nil {
+		t.Fatalf("gpud run -h: %v\n%s", err, out)
+	}
+	var flags []string
+	re := regexp.MustCompile(`^  -([a-z0-9-]+)`)
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		if m := re.FindStringSubmatch(sc.Text()); m != nil {
+			flags = append(flags, m[1])
+		}
+	}
+	if len(flags) < 10 {
+		t.Fatalf("gpud run -h lists %d flags:\n%s", len(flags), out)
+	}
+	return flags
+}
+
+// The chart renders the kustomize base's objects with the same RBAC rules,
+// privileges, mounts and arguments; every `gpud run` flag has a value.
+func TestHelmChartRendersTheBase(t *testing.T) {
+	helm(t, "lint", "--strict", chartDir())
+	helm(t, "lint", "--strict", chartDir(), "-f", testValues(t, "/dev"), "--set", "serviceMonitor.enabled=true,devicePlugin.enabled=true")
+
+	base := kustomizeBase(t)
+	chart := objects(t, render(t, "--set", "createNamespace=true"))
+	for kind := range base {
+		if _, ok := chart[kind]; !ok {
+			t.Errorf("the chart renders no %s (the base has one)", kind)
+		}
+	}
+	for _, kind := range []string{"Service", "ServiceMonitor"} {
+		if _, ok := chart[kind]; ok {
+			t.Errorf("a %s by default", kind)
+		}
+	}
+	if !reflect.DeepEqual(chart["ClusterRole"].Rules, base["ClusterRole"].Rules) {
+		t.Errorf("RBAC rules differ from deploy/base:\nchart %v\nbase  %v", chart["ClusterRole"].Rules, base["ClusterRole"].Rules)
+	}
+	for _, kind := range []string{"ServiceAccount", "DaemonSet"} {
+		if ns := chart[kind].Metadata.Namespace; ns != "gpud-system" {
+			t.Errorf("%s in namespace %q, want the release's", kind, ns)
+		}
+	}
+	bs, cs := base["DaemonSet"].Spec.Template.Spec, chart["DaemonSet"].Spec.Template.Spec
+	if !cs.HostPID || !cs.HostNetwork || cs.Containers[0].SecurityContext["privileged"] != true {
+		t.Errorf("not privileged with hostPID and hostNetwork: %+v", cs)
+	}
+	for _, a := range bs.Containers[0].Args {
+		if !slices.Contains(cs.Containers[0].Args, a) {
+			t.Errorf("the base's argument %s is not rendered: %v", a, cs.Containers[0].Args)
+		}
+	}
+	if !reflect.DeepEqual(cs.Volumes, bs.Volumes) || !reflect.DeepEqual(cs.Containers[0].VolumeMounts, bs.Containers[0].VolumeMounts) {
+		t.Errorf("volumes differ from the base:\nchart %v\n      %v\nbase  %v\n      %v", cs.Volumes, cs.Containers[0].VolumeMounts, bs.Volumes, bs.Containers[0].VolumeMounts)
+	}
+	if !reflect.DeepEqual(cs.Containers[0].Env, bs.Containers[0].Env) {
+		t.Errorf("env differs from the base: %v, %v", cs.Containers[0].Env, bs.Containers[0].Env)
+	}
+	ann := chart["DaemonSet"].Spec.Template.Metadata.Annotations
+	if ann["prometheus.io/scrape"] != "true" || ann["prometheus.io/port"] != "9407" || ann["prometheus.io/path"] != "/metrics" {
+		t.Errorf("scrape annotations: %v", ann)
+	}
+	c := cs.Containers[0]
+	if c.ReadinessProbe["httpGet"].(map[string]any)["path"] != "/readyz" || c.LivenessProbe["httpGet"].(map[string]any)["path"] != "/healthz" {
+		t.Errorf("probes: readiness %v, liveness %v", c.ReadinessProbe, c.LivenessProbe)
+	}
+	if len(c.Ports) != 1 || c.Ports[0]["containerPort"] != float64(9407) || c.Ports[0]["hostPort"] != float64(9407) {
+		t.Errorf("ports: %v", c.Ports)
+	}
+
+	// Every flag of `gpud run` is a value: set the ones rendered only when
+	// not empty, and turn lending on.
+	all := objects(t, render(t, "--set", "devicePlugin.enabled=true,serviceMonitor.enabled=true",
+		"--set", "gpud.nodeName=n,gpud.cgroupRoot=/c,gpud.kubeconfig=/k,gpud.criEndpoint=/r,gpud.metricsAddr=127.0.0.1:9408"))
+	args := strings.Join(all["DaemonSet"].Spec.Template.Spec.Containers[0].Args, " ") + " "
+	for _, f := range runFlags(t) {
+		if !strings.Contains(args, " --"+f+"=") {
+			t.Errorf("`gpud run --%s` has no value in the chart (args: %s)", f, args)
+		}
+	}
+	if _, ok := all["ServiceMonitor"]; !ok {
+		t.Error("serviceMonitor.enabled renders no ServiceMonitor")
+	}
+	if _, ok := all["Service"]; !ok {
+		t.Error("serviceMonitor.enabled renders no Service")
+	}
+	if p := all["DaemonSet"].Spec.Template.Metadata.Annotations["prometheus.io/port"]; p != "9408" {
+		t.Errorf("scrape port %q, want the one of gpud.metricsAddr", p)
+	}
+	none := objects(t, render(t, "--set", "gpud.metricsAddr="))
+	if c := none["DaemonSet"].Spec.Template.Spec.Containers[0]; c.ReadinessProbe != nil || len(c.Ports) != 0 || none["DaemonSet"].Spec.Template.Metadata.Annotations != nil {
+		t.Errorf("metrics off but probes, ports or annotations: %+v", c)
+	}
+}
+
+// deployChart renders the chart with the test values (and extra --set
+// arguments), applies it, and returns gpud's pod once it is Ready (its
+// readiness probe is /readyz). Everything is deleted after the test.
+func deployChart(t *testing.T, dev string, set ...string) string {
+	t.Helper()
+	args := []string{"-f", testValues(t, dev)}
+	for _, s := range set {
+		args = append(args, "--set", s)
+	}
+	manifest := render(t, args...)
+	apply(t, manifest)
+	t.Cleanup(func() {
+		cmd := exec.Command(env(t, "KUBECTL"), "delete", "-f", "-", "--wait=true", "--timeout=90s", "--ignore-not-found")
+		cmd.Stdin = strings.NewReader(manifest)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Logf("deleting the chart's objects: %v\n%s", err, out)
+		}
+	})
+
+	var gp string
+	eventually(t, "the chart's gpud pod exists", 60*time.Second, func() bool {
+		gp, _ = kubectl(t, "-n", "gpud-system", "get", "pod", "-l", "app.kubernetes.io/instance=gpud",
+			"-o", "jsonpath={.items[0].metadata.name}")
+		return gp != ""
+	})
+	t.Cleanup(func() {
+		if t.Failed() {
+			out, _ := kubectl(t, "-n", "gpud-system", "logs", gp, "--tail=40")
+			desc, _ := kubectl(t, "-n", "gpud-system", "describe", "pod", gp)
+			t.Logf("gpud's log:\n%s\n%s", out, desc)
+		}
+	})
+	if out, err := kubectl(t, "-n", "gpud-system", "wait", "--for=condition=Ready", "pod/"+gp, "--timeout=90s"); err != nil {
+		t.Fatalf("gpud's pod never Ready (readiness on /readyz): %v\n%s", err, out)
+	}
+	return gp
+}
+
+// httpGet fetches a URL of gpud on this node (hostNetwork).
+func httpGet(t *testing.T, url string) (int, string) {
+	t.Helper()
+	c := http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	return resp.StatusCode, string(b)
+}
+
+// The chart on the real cluster: gpud's pod becomes Ready through /readyz,
+// and its metrics are served on the node's port.
+func TestHelmChartOnARealCluster(t *testing.T) {
+	dev, _ := fakeGPU(t)
+	deployChart(t, dev)
+	for _, p := range []string{"/healthz", "/readyz"} {
+		if code, body := httpGet(t, "http://127.0.0.1:9407"+p); code != http.StatusOK {
+			t.Errorf("%s: %d %s", p, code, body)
+		}
+	}
+	_, body := httpGet(t, "http://127.0.0.1:9407/metrics")
+	for _, want := range []string{"gpud_build_info{", `gpud_gpu_info{`} {
+		if !strings.Contains(body, "\n"+want) {
+			t.Errorf("no %s in the metrics:\n%s", want, body)
+		}
+	}
+	if !regexp.MustCompile(`(?m)^gpud_gpu_info\{[^}]*gpu="0"[^}]*\} 1$`).MatchString(body) {
+		t.Errorf("gpud_gpu_info has no gpu=\"0\" (the fake GPU):\n%s", body)
+	}
+}
