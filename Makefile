@@ -81,7 +81,8 @@ clean:
 
 # A real one-node Kubernetes cluster (etcd, kube-apiserver, containerd,
 # kubelet, scheduler, controller-manager) for the Kubernetes tests. `k8s`
-# builds the binaries once into /var/cache/gpud-k8s (GPUD_K8S_CACHE);
+# builds the binaries once into /var/cache/gpud-k8s (GPUD_K8S_CACHE), and the
+# pinned helm for the chart tests into /var/cache/gpud-helm (scripts/helm.sh);
 # `cluster-up` starts the cluster in $(CLUSTER_DIR) (source $(CLUSTER_DIR)/env),
 # `cluster-down` stops it and removes everything it made.
 
@@ -90,6 +91,7 @@ clean:
 k8s:
 	scripts/deps.sh k8s
 	scripts/k8s-build.sh >/dev/null
+	scripts/helm.sh
 
 cluster-up: k8s
 	scripts/cluster.sh up $(CLUSTER_DIR)

@@ -12,6 +12,7 @@
 #   bpf     clang llvm libbpf-dev bpftool
 #   docker  docker.io busybox-static
 #   test    everything the privileged tests need (= docker)
+#   k8s     the one-node test cluster, and Debian's prometheus for test/k8s
 set -euo pipefail
 
 declare -A GROUP_PKGS=(
@@ -19,7 +20,7 @@ declare -A GROUP_PKGS=(
 	[bpf]="clang llvm libbpf-dev bpftool"
 	[docker]="docker.io busybox-static"
 	[test]="docker.io busybox-static prometheus"
-	[k8s]="containerd runc containernetworking-plugins openssl busybox-static iproute2 procps"
+	[k8s]="containerd runc containernetworking-plugins openssl busybox-static iproute2 procps prometheus"
 )
 
 die() { echo "deps.sh: $*" >&2; exit 1; }
