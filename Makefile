@@ -8,10 +8,12 @@ LDFLAGS   := -X main.version=$(VERSION)
 # Privileged packages share the kernel and the fake GPU device numbers: one at a time.
 TESTFLAGS ?= -count=1 -p 1 -timeout 30m
 BENCHTIME ?= 1x
+# Time each fuzz target runs for in `make fuzz` and `make test`.
+FUZZTIME  ?= 10s
 IMAGE     ?= gpud.local/gpud:dev
 CLUSTER_DIR ?= /tmp/gpud-cluster
 
-.PHONY: all build generate test unit bench demo lint clean image test-k8s k8s cluster-up cluster-down
+.PHONY: all build generate test unit fuzz bench demo lint clean image test-k8s k8s cluster-up cluster-down
 
 all: build
 
@@ -35,6 +37,7 @@ test: build k8s
 	scripts/image.sh; \
 	$(GO) vet ./...; \
 	$(GO) test $(TESTFLAGS) ./...; \
+	GO=$(GO) FUZZTIME=$(FUZZTIME) scripts/fuzz.sh; \
 	scripts/gpud-image.sh $(BIN) $(IMAGE) bin/gpud-image.tar; \
 	scripts/cluster.sh up $(CLUSTER_DIR); \
 	. $(CLUSTER_DIR)/env; \
@@ -44,6 +47,12 @@ test: build k8s
 # Unprivileged unit tests only (no root needed; privileged tests skip outside CI).
 unit:
 	$(GO) test -count=1 -short ./internal/cgroups/ ./internal/status/
+
+# Every Go fuzz target (FuzzXxx) for $(FUZZTIME) each: one line per target
+# with its executions and new inputs; a failing input is left in the
+# package's testdata/fuzz/ and printed (see docs/fuzz.md).
+fuzz:
+	GO=$(GO) FUZZTIME=$(FUZZTIME) scripts/fuzz.sh
 
 # Figures, each as a ratio to a baseline measured in the same run.
 bench: build
