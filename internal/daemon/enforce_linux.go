@@ -95,6 +95,9 @@ func (e *enforcer) gate(ev *bpf.Event) {
 	gpu := int(ev.GPU)
 	switch ev.Type {
 	case bpf.EventGateHigh:
+		if e.d.lender != nil {
+			e.d.lender.takeBack(gpu)
+		}
 		// Kill first; the preemptor's identity is only for the record.
 		victims := e.lowHolders(gpu, fmt.Sprintf("a high-priority process opened GPU %d", gpu))
 		if len(victims) == 0 {
@@ -200,6 +203,9 @@ func (e *enforcer) opened(info occupancy.ProcInfo, gpu int, ev *bpf.Event) {
 	counts := e.d.ledger.Counts()[gpu]
 	switch info.Priority {
 	case occupancy.High:
+		if e.d.lender != nil {
+			e.d.lender.takeBack(gpu) // the borrower's later opens are refused again
+		}
 		if counts.Low > 0 {
 			e.preempt(gpu, info, e.lowHolders(gpu, fmt.Sprintf("a high-priority process opened GPU %d", gpu)), e.d.tracker.Wall(ev.Mono))
 		}

@@ -41,6 +41,10 @@ type lender struct {
 	pending   map[int]time.Time   // GPU → allocated, borrower not yet seen in PodResources
 	overrides map[string]struct{} // pod uids whose class the lender forced
 	reported  map[string]bool     // pods reported running without their lent GPU
+	// takenBack: GPUs whose loan a high-priority open or the owner's
+	// activity ended; the borrower may still be listed (eviction takes
+	// seconds) but its opens are refused again, until a new Allocate.
+	takenBack map[int]bool
 
 	unallocated atomic.Uint64 // pods reported so
 }
@@ -59,7 +63,7 @@ func (p podRef) String() string {
 func newLender(d *Daemon, resource, ownerResource, podResources string, lendFree bool) *lender {
 	return &lender{d: d, resource: resource, ownerResource: ownerResource, podResources: podResources,
 		lendFree: lendFree, kick: make(chan struct{}, 1), last: map[string]bool{}, owners: map[int]podRef{}, borrowers: map[int]podRef{},
-		pending: map[int]time.Time{}, overrides: map[string]struct{}{}, reported: map[string]bool{}}
+		pending: map[int]time.Time{}, overrides: map[string]struct{}{}, reported: map[string]bool{}, takenBack: map[int]bool{}}
 }
 
 // deviceID names GPU g to kubelet.
@@ -166,6 +170,7 @@ func (l *lender) Allocate(ids []string) (*pluginapi.ContainerAllocateResponse, e
 		}
 		l.mu.Lock()
 		l.pending[idx] = time.Now()
+		delete(l.takenBack, idx)
 		l.mu.Unlock()
 	}
 	for _, n := range controlNodes {
@@ -178,6 +183,10 @@ func (l *lender) Allocate(ids []string) (*pluginapi.ContainerAllocateResponse, e
 	r.Envs["GPUD_GPU"] = strings.Join(indexes, ",")
 	r.Envs["GPUD_OWNER"] = strings.Join(owners, ",")
 	l.d.log.Info("lending GPUs", "gpus", indexes, "owners", owners)
+	// The gate learns of the loan before kubelet starts the borrower (it
+	// does so only once Allocate returns): otherwise the borrower's first
+	// open could meet the owner's idle hold still counted as high.
+	l.d.enforcer.sync()
 	go l.refresh(context.Background()) // the borrower shows in PodResources once admitted
 	return &r, nil
 }
@@ -270,6 +279,13 @@ func (l *lender) refresh(ctx context.Context) {
 	for idx, t := range l.pending {
 		if time.Since(t) > 30*time.Second {
 			delete(l.pending, idx)
+		}
+	}
+	for idx := range l.takenBack {
+		if _, ok := l.borrowers[idx]; !ok {
+			if _, ok := l.pending[idx]; !ok {
+				delete(l.takenBack, idx) // the borrower is gone: nothing left to refuse
+			}
 		}
 	}
 	var clear []string
@@ -379,6 +395,7 @@ func (l *lender) activity(gpu int, pids []uint32) {
 		if info.PodUID != owner.UID {
 			continue
 		}
+		l.takeBack(gpu)
 		victims := l.d.enforcer.lowHolders(gpu, fmt.Sprintf("the owner is active on GPU %d again", gpu))
 		if len(victims) > 0 {
 			l.d.log.Info("owner active on its lent GPU: taking it back", "gpu", gpu, "owner", owner.String(), "pid", pid)
@@ -388,10 +405,27 @@ func (l *lender) activity(gpu int, pids []uint32) {
 	}
 }
 
+// takeBack ends gpu's loan, if any: a high-priority process opened it or
+// its owner is active on it again.
+func (l *lender) takeBack(gpu int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, borrowed := l.borrowers[gpu]
+	_, pending := l.pending[gpu]
+	if (borrowed || pending) && !l.takenBack[gpu] {
+		l.takenBack[gpu] = true
+		delete(l.pending, gpu)
+		l.d.log.Info("loan ended: the GPU is its owner's again", "gpu", gpu, "borrower", l.borrowers[gpu].String())
+	}
+}
+
 // isLent reports whether gpu is lent (allocated to a borrower, or about to be).
 func (l *lender) isLent(gpu int) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.takenBack[gpu] {
+		return false
+	}
 	if _, ok := l.borrowers[gpu]; ok {
 		return true
 	}

@@ -206,7 +206,16 @@ patches:
       - {op: add, path: /spec/template/spec/containers/0/env/-, value: {name: KUBERNETES_SERVICE_PORT, value: "6443"}}
 %s`, base, dev, more.String())), 0o644)
 	mustKubectl(t, "apply", "-k", ovl)
-	t.Cleanup(func() { kubectl(t, "delete", "-k", ovl, "--wait=true", "--timeout=60s") })
+	t.Cleanup(func() {
+		// Foreground: gone only once its pod is gone. A gpud still running
+		// from one test would keep its gate attached (the same fake device
+		// numbers) and judge the next test's pods too.
+		kubectl(t, "delete", "-k", ovl, "--cascade=foreground", "--wait=true", "--timeout=60s")
+		eventually(t, "gpud's pod is gone", 60*time.Second, func() bool {
+			out, err := kubectl(t, "-n", "gpud-system", "get", "pod", "-l", "app.kubernetes.io/name=gpud", "-o", "name")
+			return err != nil || strings.TrimSpace(out) == ""
+		})
+	})
 
 	var gp string
 	eventually(t, "the gpud DaemonSet pod runs", 60*time.Second, func() bool {
