@@ -48,6 +48,13 @@ if [[ -z $logs ]]; then
 fi
 mkdir -p "$logs"
 
+# deadline_race LOG: the run failed only by Go's deadline race: its one
+# failure message is "context deadline exceeded", and no input was written.
+deadline_race() {
+	! grep -q 'Failing input written' "$1" &&
+		[[ $(grep -A1 -E '^--- FAIL: ' "$1" | sed 1d) =~ ^[[:space:]]+context\ deadline\ exceeded$ ]]
+}
+
 par=()
 [[ -n ${FUZZPARALLEL:-} ]] && par=(-parallel "$FUZZPARALLEL")
 
@@ -70,7 +77,16 @@ for pkg in "${pkgs[@]}"; do
 		result=ok
 		if ! $GO test -run '^$' -fuzz "^${name}\$" -fuzztime "$FUZZTIME" -fuzzminimizetime "$FUZZMINIMIZETIME" "${par[@]}" "$pkg" >"$log" 2>&1; then
 			result=FAIL
-			failed=$((failed + 1))
+			if deadline_race "$log"; then
+				# Go before 1.27 can fail a target with a bare "context
+				# deadline exceeded" when -fuzztime ends while a worker is
+				# busy (go.dev/issue/75804): no input failed, none was
+				# written. The target passes if its seeds and testdata/fuzz replay clean.
+				if $GO test -count=1 -run "^${name}\$" "$pkg" >>"$log" 2>&1; then
+					result="ok (go.dev/issue/75804 at the deadline; seeds replayed)"
+				fi
+			fi
+			[[ $result == FAIL ]] && failed=$((failed + 1))
 		fi
 		# fuzz: elapsed: 10s, execs: 123456 (12345/sec), new interesting: 7 (total: 42)
 		last=$(grep -E '^fuzz: elapsed: .*execs: [0-9]+' "$log" | tail -n1 || true)
@@ -78,7 +94,7 @@ for pkg in "${pkgs[@]}"; do
 		newi=$(sed -nE 's/.*new interesting: ([0-9]+).*/\1/p' <<<"$last")
 		# shellcheck disable=SC2059
 		printf "$fmt" "${pkg#./}" "$name" "${execs:--}" "${newi:--}" "$result"
-		if [[ $result == FAIL ]]; then
+		if [[ $result != ok ]]; then
 			# Go names the input it wrote relative to the package directory.
 			sed -nE 's#^.*(Failing input written to )(testdata/fuzz/.*)$#    \1'"${pkg#./}"'/\2#p' "$log"
 			grep -E -A1 -- '^\s*--- FAIL|^\s+[a-z_]+_test\.go:[0-9]+:|To re-run' "$log" | grep -v '^--$' |
