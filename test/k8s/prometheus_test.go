@@ -351,7 +351,74 @@ func TestPrometheusSeesAPreemption(t *testing.T) {
 			prom.value(t, `gpud_gpu_holders{gpu="0",priority="low"}`) == 0 &&
 			prom.value(t, `sum(gpud_workload_gpu_holders{pod="promlow"})`) == 0
 	})
+	checkDashboard(t, prom, node)
 	t.Logf("preemptions (kill) %v → %v; preemption latency p99 (histogram_quantile) %v s", kills,
 		prom.value(t, `sum(gpud_preemptions_total{action="kill"})`),
 		prom.value(t, `histogram_quantile(0.99, sum by (le) (gpud_preemption_latency_seconds_bucket))`))
+}
+
+// checkDashboard runs the Grafana dashboard's panel queries
+// (deploy/grafana/gpud.json) against the Prometheus that just saw a
+// preemption: every one evaluates (the node label the scrape job adds
+// included), and those about GPUs, holders, opens and preemptions have data.
+func checkDashboard(t *testing.T, prom *prometheus, node string) {
+	t.Helper()
+	root, _ := filepath.Abs("../..")
+	b, err := os.ReadFile(filepath.Join(root, "deploy/grafana/gpud.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	type panel struct {
+		Title   string `json:"title"`
+		Targets []struct {
+			Expr string `json:"expr"`
+		} `json:"targets"`
+		Panels []json.RawMessage `json:"panels"`
+	}
+	var d struct {
+		Panels []json.RawMessage `json:"panels"`
+	}
+	if err := json.Unmarshal(b, &d); err != nil {
+		t.Fatal(err)
+	}
+	vars := strings.NewReplacer("$__rate_interval", "1m", "$__interval", "1m", "$__range", "5m",
+		"$node", regexp.QuoteMeta(node), "$gpu", ".*")
+	withData := map[string]bool{"GPU state": true, "GPUs by state": true, "Holders by priority": true,
+		"Holders by workload": true, "Opens by verdict": true, "Preemptions by action": true,
+		"Preemption latency": true, "Events received by type": true, "Resyncs by reason": true}
+	// A counter's series starts at its first increment (no 0 sample before
+	// it): rate() has data from the second scrape after the preemption on.
+	var missing []string
+	defer func() {
+		if len(missing) > 0 {
+			t.Logf("dashboard panels without data: %v", missing)
+		}
+	}()
+	eventually(t, "the dashboard's panels have data", 10*time.Second, func() bool {
+		missing = nil
+		seen := 0
+		var walk func([]json.RawMessage)
+		walk = func(ps []json.RawMessage) {
+			for _, raw := range ps {
+				var p panel
+				if err := json.Unmarshal(raw, &p); err != nil {
+					t.Fatal(err)
+				}
+				for _, tg := range p.Targets {
+					if got := prom.query(t, vars.Replace(tg.Expr)); len(got) == 0 && withData[p.Title] {
+						missing = append(missing, fmt.Sprintf("%q: %s", p.Title, tg.Expr))
+					}
+				}
+				if withData[p.Title] {
+					seen++
+				}
+				walk(p.Panels)
+			}
+		}
+		walk(d.Panels)
+		if seen != len(withData) {
+			t.Fatalf("the dashboard has %d of the %d panels the test expects data in", seen, len(withData))
+		}
+		return len(missing) == 0
+	})
 }
