@@ -3,6 +3,9 @@ package bpf
 import (
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -22,13 +25,31 @@ type Options struct {
 	// RingBytes overrides the ring buffer size (a power of two multiple of
 	// the page size); 0 keeps the compiled-in 4 MiB.
 	RingBytes uint32
+	// PinDir, on a bpffs, keeps the gate's cgroup link pinned so that it
+	// outlives this process: the gate keeps enforcing while gpud restarts
+	// (until its heartbeat is older than the fail-open delay). A later Load
+	// with the same PinDir finds the link and, at TakeOver, replaces the
+	// program on it: never a second program stacked on the cgroup. "" pins
+	// nothing (the gate goes with the process).
+	PinDir string
 }
+
+// gatePin is the pinned cgroup link's name under Options.PinDir.
+const gatePin = "gate"
+
+// ErrNotBPFFS is returned when a pin directory is not on a bpf filesystem.
+var ErrNotBPFFS = errors.New("bpf: pin directory is not on a bpf filesystem")
 
 // Monitor is the set of loaded and attached programs.
 type Monitor struct {
 	objs  gpudObjects
-	links []link.Link
+	links []link.Link // observers
 	rd    *ringbuf.Reader
+
+	gate     link.Link // the cgroup/dev link (pinned under pinDir when set)
+	pinDir   string
+	adopted  bool // gate is a previous gpud's pinned link, still running its program
+	keepGate bool // Close leaves the pinned gate attached
 }
 
 // Load loads gpud's programs into the kernel and attaches them: the
@@ -57,6 +78,7 @@ func Load(opts Options) (*Monitor, error) {
 		}
 		return nil, fmt.Errorf("bpf: loading programs: %w", err)
 	}
+	m.pinDir = opts.PinDir
 	if err := m.attach(opts.CgroupRoot); err != nil {
 		m.Close()
 		return nil, err
@@ -78,13 +100,122 @@ func (m *Monitor) attach(cgroupRoot string) error {
 		}
 		m.links = append(m.links, l)
 	}
+	if m.pinDir != "" {
+		if err := ensureBPFFS(m.pinDir); err != nil {
+			return err
+		}
+		path := filepath.Join(m.pinDir, gatePin)
+		old, err := link.LoadPinnedLink(path, nil)
+		switch {
+		case err == nil && isDeviceCgroupLink(old):
+			// A previous gpud's gate: it goes on enforcing with its own
+			// maps until TakeOver puts this program on the same link.
+			m.gate, m.adopted = old, true
+			return nil
+		case err == nil:
+			old.Close()
+			fallthrough
+		case !errors.Is(err, os.ErrNotExist):
+			// Not a gate link (or unreadable): not ours to keep.
+			if rerr := os.Remove(path); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+				return fmt.Errorf("bpf: removing unusable pin %s: %w", path, rerr)
+			}
+		}
+	}
 	l, err := link.AttachCgroup(link.CgroupOptions{
 		Path: cgroupRoot, Attach: ebpf.AttachCGroupDevice, Program: p.GpudGate,
 	})
 	if err != nil {
 		return fmt.Errorf("bpf: attaching the device gate at %s: %w", cgroupRoot, err)
 	}
-	m.links = append(m.links, l)
+	m.gate = l
+	if m.pinDir != "" {
+		if err := l.Pin(filepath.Join(m.pinDir, gatePin)); err != nil {
+			return fmt.Errorf("bpf: pinning the device gate: %w", err)
+		}
+	}
+	return nil
+}
+
+func isDeviceCgroupLink(l link.Link) bool {
+	info, err := l.Info()
+	if err != nil || info.Type != link.CgroupType {
+		return false
+	}
+	c := info.Cgroup()
+	return c != nil && ebpf.AttachType(c.AttachType) == ebpf.AttachCGroupDevice
+}
+
+// ensureBPFFS makes dir, on a bpf filesystem: /sys/fs/bpf is mounted when
+// it is not (as systemd does at boot).
+func ensureBPFFS(dir string) error {
+	const bpfFSMagic = 0xcafe4a11
+	var st unix.Statfs_t
+	if err := unix.Statfs(filepath.Dir(dir), &st); err != nil || st.Type != bpfFSMagic {
+		root := "/sys/fs/bpf"
+		if !strings.HasPrefix(filepath.Clean(dir), root+"/") {
+			return fmt.Errorf("%w: %s", ErrNotBPFFS, dir)
+		}
+		if err := unix.Statfs(root, &st); err != nil || st.Type != bpfFSMagic {
+			if err := unix.Mount("bpf", root, "bpf", 0, "mode=0700"); err != nil {
+				return fmt.Errorf("bpf: mounting a bpf filesystem at %s: %w", root, err)
+			}
+		}
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("bpf: pin directory: %w", err)
+	}
+	if err := unix.Statfs(dir, &st); err != nil || st.Type != bpfFSMagic {
+		return fmt.Errorf("%w: %s", ErrNotBPFFS, dir)
+	}
+	return nil
+}
+
+// Adopted reports whether the gate running now is a previous gpud's,
+// waiting for TakeOver.
+func (m *Monitor) Adopted() bool { return m.adopted }
+
+// TakeOver puts this Monitor's gate program on the link (a previous gpud's
+// pinned one), atomically: no moment without a gate, never two. Call it
+// once the maps are filled in (GPUs, classes, policies). A no-op when the
+// gate is already this Monitor's.
+func (m *Monitor) TakeOver() error {
+	if !m.adopted {
+		return nil
+	}
+	if err := m.gate.Update(m.objs.GpudGate); err != nil {
+		return fmt.Errorf("bpf: replacing the previous gate program: %w", err)
+	}
+	m.adopted = false
+	return nil
+}
+
+// KeepGate makes Close leave the pinned gate attached (its program keeps
+// the last decisions until the heartbeat is older than the fail-open delay,
+// then allows everything); false (the default) unpins and detaches it.
+func (m *Monitor) KeepGate(keep bool) { m.keepGate = keep }
+
+// Uninstall removes what a pinned gpud left behind: the gate's link (its
+// program is detached) and the pin directory.
+func Uninstall(pinDir string) error {
+	path := filepath.Join(pinDir, gatePin)
+	l, err := link.LoadPinnedLink(path, nil)
+	switch {
+	case err == nil:
+		uerr := l.Unpin()
+		cerr := l.Close()
+		if err := errors.Join(uerr, cerr); err != nil {
+			return fmt.Errorf("bpf: removing the pinned gate: %w", err)
+		}
+	case errors.Is(err, os.ErrNotExist):
+	default:
+		if rerr := os.Remove(path); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+			return fmt.Errorf("bpf: removing %s: %w", path, errors.Join(err, rerr))
+		}
+	}
+	if err := os.Remove(pinDir); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("bpf: removing %s: %w", pinDir, err)
+	}
 	return nil
 }
 
@@ -277,6 +408,14 @@ func (m *Monitor) Close() error {
 		errs = append(errs, l.Close())
 	}
 	m.links = nil
+	if m.gate != nil {
+		if m.pinDir != "" && !m.keepGate {
+			errs = append(errs, m.gate.Unpin())
+			_ = os.Remove(m.pinDir)
+		}
+		errs = append(errs, m.gate.Close())
+		m.gate = nil
+	}
 	errs = append(errs, m.objs.Close())
 	return errors.Join(errs...)
 }

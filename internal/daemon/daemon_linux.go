@@ -75,6 +75,13 @@ type Config struct {
 	MetricsAddr string
 	// Version is reported in gpud_build_info.
 	Version string
+
+	// PinDir (on a bpffs, e.g. /sys/fs/bpf/gpud) keeps the gate attached
+	// across gpud restarts and crashes; "" pins nothing.
+	PinDir string
+	// KeepEnforcing leaves the pinned gate attached when gpud stops (it
+	// fails open after FailOpenAfter without a heartbeat); false removes it.
+	KeepEnforcing bool
 }
 
 // Daemon is a running gpud.
@@ -103,6 +110,7 @@ type Daemon struct {
 	plugin   *deviceplugin.Plugin
 	denials  atomic.Uint64
 
+	sources                                          []chan struct{} // closed at each workload source's first full listing
 	metrics                                          *metrics.Metrics
 	registrations                                    atomic.Uint64
 	startResyncs, periodicResyncs, monitoringResyncs atomic.Uint64
@@ -156,10 +164,11 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 			return nil, err
 		}
 	}
-	d.mon, err = bpf.Load(bpf.Options{CgroupRoot: root, RingBytes: cfg.RingBytes})
+	d.mon, err = bpf.Load(bpf.Options{CgroupRoot: root, RingBytes: cfg.RingBytes, PinDir: cfg.PinDir})
 	if err != nil {
 		return nil, err
 	}
+	d.mon.KeepGate(cfg.KeepEnforcing)
 	devs := map[uint32]uint32{}
 	for _, g := range gpus {
 		devs[bpf.KernelDev(g.Major, g.Minor)] = uint32(g.Index)
@@ -335,6 +344,10 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}()
 	wg.Add(1)
 	go func() { defer wg.Done(); d.periodic(ctx) }()
+	if d.mon.Adopted() {
+		wg.Add(1)
+		go func() { defer wg.Done(); d.takeOver(ctx) }()
+	}
 	d.ready.Store(true)
 
 	var err error
@@ -452,7 +465,7 @@ func (d *Daemon) setupEnforcement(cgroupRoot string) error {
 			return fmt.Errorf("%w: docker: %w", ErrConfig, err)
 		}
 		runtimes.Containers = preempt.DockerRuntime{Client: cli}
-		d.docker = &priority.Docker{Client: cli, Registry: d.registry, CgroupRoot: cgroupRoot, Log: d.log}
+		d.docker = &priority.Docker{Client: cli, Registry: d.registry, CgroupRoot: cgroupRoot, Log: d.log, Synced: d.source()}
 	}
 	if kc, err := kubeClient(cfg.KubeConfig); err != nil {
 		return fmt.Errorf("%w: --kubeconfig: %w", ErrConfig, err)
@@ -460,13 +473,13 @@ func (d *Daemon) setupEnforcement(cgroupRoot string) error {
 		if cfg.NodeName == "" {
 			return fmt.Errorf("%w: --node-name (or NODE_NAME) is required with an API server", ErrConfig)
 		}
-		d.pods = &priority.Pods{Client: kc, Node: cfg.NodeName, Registry: d.registry, CgroupRoot: cgroupRoot, Log: d.log}
+		d.pods = &priority.Pods{Client: kc, Node: cfg.NodeName, Registry: d.registry, CgroupRoot: cgroupRoot, Log: d.log, Synced: d.source()}
 		runtimes.Pods = preempt.PodRuntime{Client: kc}
 		d.events = newPodEvents(kc, d.registry, cfg.NodeName, d.log)
 	} else if ep := criEndpoint(cfg.CRIEndpoint); ep != "" {
 		// No API server: pod labels from the runtime's sandboxes; pods are
 		// not reclaimed (only the API server can evict).
-		d.cri = &priority.CRI{Endpoint: ep, Registry: d.registry, CgroupRoot: cgroupRoot, Log: d.log}
+		d.cri = &priority.CRI{Endpoint: ep, Registry: d.registry, CgroupRoot: cgroupRoot, Log: d.log, Synced: d.source()}
 	}
 	d.executor = &preempt.Executor{
 		ProcRoot: "/proc", Grace: cfg.PreemptGrace, CheckpointRoot: cfg.CheckpointRoot,

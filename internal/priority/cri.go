@@ -22,6 +22,8 @@ type CRI struct {
 	CgroupRoot string
 	Log        *slog.Logger
 	Interval   time.Duration
+	// Synced, when set, is called after every successful listing.
+	Synced func()
 
 	known map[string]bool // pod uids put in the registry
 }
@@ -46,6 +48,9 @@ func (c *CRI) Run(ctx context.Context) {
 	failing := false
 	for {
 		err := c.sync(ctx, rs)
+		if err == nil && c.Synced != nil {
+			c.Synced()
+		}
 		if err != nil && !failing {
 			c.Log.Warn("listing pod sandboxes over CRI", "endpoint", c.Endpoint, "error", err)
 		}
