@@ -202,12 +202,13 @@ func TestHelmChartRendersTheBase(t *testing.T) {
 	}
 
 	// Every flag of `gpud run` is a value: set the ones rendered only when
-	// not empty, and turn lending on.
-	all := objects(t, render(t, "--set", "devicePlugin.enabled=true,serviceMonitor.enabled=true",
+	// set, and turn lending on. (--config is not a setting but where more
+	// are; the chart passes them all as flags, which win over the file.)
+	all := objects(t, render(t, "--set", "devicePlugin.enabled=true,serviceMonitor.enabled=true,gpud.monitoring=false",
 		"--set", "gpud.nodeName=n,gpud.cgroupRoot=/c,gpud.kubeconfig=/k,gpud.criEndpoint=/r,gpud.metricsAddr=127.0.0.1:9408"))
 	args := strings.Join(all["DaemonSet"].Spec.Template.Spec.Containers[0].Args, " ") + " "
 	for _, f := range runFlags(t) {
-		if !strings.Contains(args, " --"+f+"=") {
+		if f != "config" && !strings.Contains(args, " --"+f+"=") {
 			t.Errorf("`gpud run --%s` has no value in the chart (args: %s)", f, args)
 		}
 	}
@@ -298,5 +299,21 @@ func TestHelmChartOnARealCluster(t *testing.T) {
 	}
 	if !regexp.MustCompile(`(?m)^gpud_gpu_info\{[^}]*gpu="0"[^}]*\} 1$`).MatchString(body) {
 		t.Errorf("gpud_gpu_info has no gpu=\"0\" (the fake GPU):\n%s", body)
+	}
+}
+
+// devicePlugin.enabled: gpud in the chart's pod registers its device plugin
+// with the real kubelet through the mounted kubelet directories. (A resource
+// name of its own: gpud.io/idle-gpu must stay unregistered until
+// TestPodAdmittedBeforeRegistrationIsReported.)
+func TestHelmChartLendsThroughTheDevicePlugin(t *testing.T) {
+	dev, _ := fakeGPU(t)
+	deployChart(t, dev, "devicePlugin.enabled=true", "devicePlugin.resourceName=gpud.io/helm-idle-gpu",
+		"hostPaths.podResources="+filepath.Join(env(t, "KUBELET_ROOT"), "pod-resources"), "gpud.idleAfter=2s")
+	eventually(t, "kubelet lists gpud.io/helm-idle-gpu", 30*time.Second, func() bool {
+		return allocatable(t, "gpud.io/helm-idle-gpu") != ""
+	})
+	if _, body := httpGet(t, "http://127.0.0.1:9407/metrics"); !strings.Contains(body, "\ngpud_device_plugin_registered 1\n") {
+		t.Errorf("gpud_device_plugin_registered is not 1:\n%s", body)
 	}
 }
