@@ -1,11 +1,16 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/gpud/gpud/internal/daemon"
@@ -24,28 +29,81 @@ func cmdStatus(args []string) error {
 	if *output != "table" && *output != "json" {
 		return usagef("status: -o %q: want table or json", *output)
 	}
-	for {
+	if *watch < 0 {
+		return usagef("status: --watch must not be negative")
+	}
+	show := func() error {
 		f, err := occupancy.ReadStateFile(*stateFile)
 		if err != nil {
 			return fmt.Errorf("status: %w (is gpud running?)", err)
 		}
-		if *watch > 0 {
-			fmt.Print("\033[H\033[2J")
-		}
 		if *output == "json" {
 			enc := json.NewEncoder(os.Stdout)
 			enc.SetIndent("", "  ")
-			if err := enc.Encode(f); err != nil {
-				return err
-			}
-		} else if err := status.Render(os.Stdout, f, time.Now()); err != nil {
-			return err
+			return enc.Encode(f)
 		}
-		if *watch <= 0 {
-			return nil
-		}
-		time.Sleep(*watch)
+		return status.Render(os.Stdout, f, time.Now())
 	}
+	if *watch == 0 {
+		return show()
+	}
+	// Until interrupted; a state file briefly missing (gpud restarting)
+	// is shown and the watch goes on.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	t := time.NewTicker(*watch)
+	defer t.Stop()
+	for {
+		if *output == "table" {
+			fmt.Print("\033[H\033[2J") // home, clear
+		}
+		if err := show(); err != nil {
+			fmt.Fprintln(os.Stderr, "gpud:", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+func cmdExplain(args []string) error {
+	fs := newFlagSet("explain")
+	socket := fs.String("control-socket", "/run/gpud/gpud.sock", "control socket of the running daemon")
+	pid := fs.Int("pid", 0, "the process to explain (as seen from gpud's PID namespace)")
+	output := fs.String("o", "text", "output format: text|json")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *pid <= 0 {
+		return usagef("explain: --pid N is required (a positive PID)")
+	}
+	if *output != "text" && *output != "json" {
+		return usagef("explain: -o %q: want text or json", *output)
+	}
+	resp, err := daemon.ControlClient(*socket).Get("http://gpud/v1/explain?pid=" + strconv.Itoa(*pid))
+	if err != nil {
+		return fmt.Errorf("explain: %w (is gpud running?)", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	if err != nil {
+		return fmt.Errorf("explain: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("explain: %s", strings.TrimSpace(string(body)))
+	}
+	var e status.Explanation
+	if err := json.Unmarshal(body, &e); err != nil {
+		return fmt.Errorf("explain: unreadable answer from gpud: %w", err)
+	}
+	if *output == "json" {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(&e)
+	}
+	return status.RenderExplain(os.Stdout, &e)
 }
 
 func cmdMonitor(args []string) error {

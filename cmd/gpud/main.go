@@ -20,8 +20,11 @@ func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(fo
 const usage = `gpud: lend idle GPUs, take them back in milliseconds
 
 usage:
-  gpud run [flags]            run the node daemon (root)
-  gpud status [-o json]       show GPUs and their holders
+  gpud run [flags]            run the node daemon (root); settings also from
+                              GPUD_* variables and --config FILE; SIGHUP reloads
+  gpud status [-o json]       show GPUs, holders, loans and the last preemptions
+              [--watch 1s]
+  gpud explain --pid N        which rule applies to a process now [-o json]
   gpud monitor on|off         switch kernel monitoring on a running daemon
   gpud version                print the version
 
@@ -45,6 +48,8 @@ func dispatch(args []string) int {
 		err = cmdStatus(args[1:])
 	case "monitor":
 		err = cmdMonitor(args[1:])
+	case "explain":
+		err = cmdExplain(args[1:])
 	case "version", "--version":
 		fmt.Println("gpud", version)
 	case "help", "-h", "--help":

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -12,9 +13,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/gpud/gpud/bpf"
+	"github.com/gpud/gpud/internal/config"
 	"github.com/gpud/gpud/internal/daemon"
-	"github.com/gpud/gpud/internal/preempt"
-	"github.com/gpud/gpud/internal/priority"
+	"github.com/gpud/gpud/internal/occupancy"
 )
 
 func newFlagSet(name string) *flag.FlagSet {
@@ -47,25 +49,42 @@ func defaultNode() string {
 	return h
 }
 
-func cmdRun(args []string) error {
+// runOptions is what `gpud run` is told, from every source.
+type runOptions struct {
+	cfg        daemon.Config
+	logLevel   string
+	level      slog.Level
+	nvml       string
+	defPrio    string
+	monitoring bool
+	configFile string
+	uninstall  bool
+}
+
+// runFlags defines every `gpud run` setting: the flag's name is also its
+// GPUD_* environment variable and its key in the --config file, and its
+// default and help are the only ones (see internal/config).
+func runFlags() (*flag.FlagSet, *runOptions) {
 	fs := newFlagSet("run")
-	var cfg daemon.Config
-	var logLevel, nvmlMode, defPrio string
+	o := &runOptions{}
+	cfg := &o.cfg
+	fs.StringVar(&o.configFile, config.FileFlag, "", "YAML settings file (version: v1, keys: these flags' names); flags and GPUD_* variables override it")
 	fs.StringVar(&cfg.DevDir, "dev-dir", "/dev", "directory holding the nvidiaN device nodes")
 	fs.StringVar(&cfg.StateFile, "state-file", "/run/gpud/state.json", "state file (JSON, rewritten atomically on every change)")
 	fs.StringVar(&cfg.StateDir, "state-dir", "/var/lib/gpud", "durable data (journal, settings)")
 	fs.StringVar(&cfg.ControlSocket, "control-socket", "/run/gpud/gpud.sock", "control API socket (empty disables)")
-	fs.DurationVar(&cfg.IdleAfter, "idle-after", 5*time.Minute, "a held GPU with no activity for this long is idle")
+	fs.DurationVar(&cfg.IdleAfter, "idle-after", 5*time.Minute, "a held GPU with no activity for this long is idle (reloadable)")
 	fs.DurationVar(&cfg.ResyncInterval, "resync-interval", time.Minute, "safety-net reconciliation from /proc (0 disables)")
 	fs.StringVar(&cfg.NodeName, "node-name", defaultNode(), "node name in the state file (default $NODE_NAME or the hostname)")
 	fs.StringVar(&cfg.CgroupRoot, "cgroup-root", "", "cgroup v2 mount point (default: detected)")
-	fs.StringVar(&nvmlMode, "nvml", "auto", "use NVML for UUIDs and utilization: auto|off")
-	fs.StringVar(&logLevel, "log-level", "info", "debug|info|warn|error")
+	fs.Var(config.NewEnum(&o.nvml, "auto", "auto", "off"), "nvml", "use NVML for UUIDs and utilization: `auto|off`")
+	fs.Var(config.NewEnum(&o.logLevel, "info", "debug", "info", "warn", "error"), "log-level", "log level: `debug|info|warn|error` (reloadable)")
+	fs.BoolVar(&o.monitoring, "monitoring", true, "claim 2's switch at start; unset, the last run's (or gpud monitor's) setting stays (reloadable)")
 	fs.BoolVar(&cfg.Enforce, "enforce", true, "enforce the priority rules in the kernel gate (false: observe only)")
 	fs.DurationVar(&cfg.FailOpenAfter, "fail-open-after", 30*time.Second, "the gate allows everything once gpud has not heartbeated for this long")
-	fs.StringVar(&defPrio, "default-priority", "unmanaged", "class of workloads without the gpud.io/priority label: unmanaged|low|high")
-	fs.DurationVar(&cfg.PreemptGrace, "preempt-grace", 0, "SIGTERM → SIGKILL delay for preempted processes (0: SIGKILL at once)")
-	fs.StringVar(&cfg.Reclaim, "reclaim", "stop", "what happens to a preempted or refused low-priority workload: stop|remove|none for containers, evict|delete|none for pods (stop=evict, remove=delete)")
+	fs.Var(config.NewEnum(&o.defPrio, "unmanaged", "unmanaged", "low", "high"), "default-priority", "class of workloads without the gpud.io/priority label: `unmanaged|low|high` (reloadable)")
+	fs.DurationVar(&cfg.PreemptGrace, "preempt-grace", 0, "SIGTERM → SIGKILL delay for preempted processes (0: SIGKILL at once; reloadable)")
+	fs.Var(config.NewEnum(&cfg.Reclaim, "stop", "stop", "remove", "evict", "delete", "none"), "reclaim", "what happens to a preempted or refused low-priority workload: `stop|remove|evict|delete|none` (stop/remove for containers, evict/delete for pods, stop=evict, remove=delete)")
 	fs.DurationVar(&cfg.ReservationTTL, "reservation-ttl", 30*time.Second, "how long a freed GPU waits for its earliest refused low-priority requester")
 	fs.StringVar(&cfg.CheckpointRoot, "checkpoint-root", "/var/lib/gpud/checkpoints", "where gpud-preempted.json notices go, one directory per task id")
 	fs.StringVar(&cfg.KubeConfig, "kubeconfig", "", "API server for pod labels (default: in-cluster config when in a pod, else none)")
@@ -78,57 +97,180 @@ func cmdRun(args []string) error {
 	fs.StringVar(&cfg.HostDevDir, "host-dev-dir", "", "--dev-dir as the host sees it, for lent device nodes when gpud runs in a pod (default: the same)")
 	fs.BoolVar(&cfg.LendFree, "lend-free", false, "also lend GPUs nobody holds (not only idle ones)")
 	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", ":9407", "Prometheus /metrics, /healthz and /readyz listen address (empty disables)")
+	fs.StringVar(&cfg.PinDir, "bpf-pin-dir", "/sys/fs/bpf/gpud", "bpffs directory where the gate stays pinned across gpud restarts and crashes (empty: the gate goes with the process)")
+	fs.BoolVar(&cfg.KeepEnforcing, "keep-enforcing", true, "on stop, leave the pinned gate enforcing the last decisions until --fail-open-after (false: remove it)")
+	fs.BoolVar(&o.uninstall, "uninstall", false, "remove the pinned gate and its directory left by a previous gpud, then exit")
 	fs.StringVar(&cfg.DockerHost, "docker-host", "", "Docker engine for labels and reclaim (default $DOCKER_HOST or the local socket; none disables)")
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(logLevel)); err != nil {
-		return usagef("run: --log-level %q: want debug, info, warn or error", logLevel)
-	}
-	switch nvmlMode {
-	case "auto":
-		cfg.UseNVML = true
-	case "off":
-	default:
-		return usagef("run: --nvml %q: want auto or off", nvmlMode)
-	}
-	p, err := priority.ParseDefault(defPrio)
+	return fs, o
+}
+
+// reloadable are the settings SIGHUP applies to the running daemon.
+var reloadable = map[string]bool{
+	"idle-after": true, "default-priority": true, "preempt-grace": true, "monitoring": true, "log-level": true,
+	config.FileFlag: true, // where the file is: only what it says matters
+}
+
+// loadRun reads `gpud run`'s settings from flags, the environment and the
+// file, and checks them. Errors are one line naming the setting and where
+// its value came from.
+func loadRun(args []string, src config.Sources) (*runOptions, *config.Settings, error) {
+	fs, o := runFlags()
+	s, err := config.Load(fs, args, src)
 	if err != nil {
-		return usagef("run: --default-priority %q: want unmanaged, low or high", defPrio)
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, nil, err
+		}
+		return nil, nil, usagef("run: %v", err)
 	}
-	cfg.DefaultPriority = p
-	if _, err := preempt.ParseReclaim(cfg.Reclaim); err != nil {
-		return usagef("run: --reclaim %q: want stop, remove, evict, delete or none", cfg.Reclaim)
+	cfg := &o.cfg
+	bad := func(name, format string, args ...any) error {
+		return usagef("run: %v", s.Invalid(name, format, args...))
 	}
-	for name, v := range map[string]time.Duration{"--fail-open-after": cfg.FailOpenAfter, "--reservation-ttl": cfg.ReservationTTL} {
+	if err := o.level.UnmarshalText([]byte(o.logLevel)); err != nil {
+		return nil, nil, bad("log-level", "%v", err)
+	}
+	cfg.UseNVML = o.nvml == "auto"
+	cfg.DefaultPriority = occupancy.Priority(o.defPrio)
+	for name, v := range map[string]time.Duration{"fail-open-after": cfg.FailOpenAfter, "reservation-ttl": cfg.ReservationTTL, "idle-after": cfg.IdleAfter} {
 		if v <= 0 {
-			return usagef("run: %s must be positive, got %s", name, v)
+			return nil, nil, bad(name, "must be positive, got %s", v)
 		}
 	}
-	if cfg.PreemptGrace < 0 {
-		return usagef("run: --preempt-grace must not be negative")
-	}
-	if cfg.IdleAfter <= 0 {
-		return usagef("run: --idle-after must be positive, got %s", cfg.IdleAfter)
-	}
-	if cfg.ResyncInterval < 0 {
-		return usagef("run: --resync-interval must not be negative")
+	for name, v := range map[string]time.Duration{"preempt-grace": cfg.PreemptGrace, "resync-interval": cfg.ResyncInterval} {
+		if v < 0 {
+			return nil, nil, bad(name, "must not be negative, got %s", v)
+		}
 	}
 	if strings.TrimSpace(cfg.StateFile) == "" {
-		return usagef("run: --state-file is empty")
+		return nil, nil, bad("state-file", "is empty")
 	}
 	cfg.Version = version
-	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	return o, s, nil
+}
 
-	d, err := daemon.New(cfg, log)
+// compared are a load's values as a reload compares them: monitoring counts
+// only when set, so that an unset switch leaves `gpud monitor`'s alone.
+func compared(s *config.Settings) map[string]string {
+	v := s.Values()
+	if !s.Explicit("monitoring") {
+		v["monitoring"] = ""
+	}
+	return v
+}
+
+func runUsage() {
+	fs, _ := runFlags()
+	fmt.Println("usage: gpud run [flags]")
+	fmt.Println()
+	fmt.Println("Every flag can also be set with GPUD_<FLAG> (e.g. GPUD_IDLE_AFTER=10m) or as a key")
+	fmt.Println("of the --config file (idle-after: 10m, after version: v1). A flag wins over the")
+	fmt.Println("environment, which wins over the file. SIGHUP reloads the file and the environment")
+	fmt.Println("and applies the settings marked reloadable.")
+	fmt.Println()
+	fs.SetOutput(os.Stdout)
+	fs.PrintDefaults()
+}
+
+func cmdRun(args []string) error {
+	// Before anything slow: SIGHUP's default action would end gpud.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+
+	o, s, err := loadRun(args, config.Sources{})
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			runUsage()
+			return nil
+		}
+		return err
+	}
+	if o.uninstall {
+		if o.cfg.PinDir == "" {
+			return usagef("run: --uninstall needs --bpf-pin-dir")
+		}
+		if err := bpf.Uninstall(o.cfg.PinDir); err != nil {
+			return fmt.Errorf("run: uninstall: %w", err)
+		}
+		fmt.Printf("gpud: removed the gate pinned under %s (if any)\n", o.cfg.PinDir)
+		return nil
+	}
+	level := new(slog.LevelVar)
+	level.Set(o.level)
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	if s.File != "" {
+		log.Info("settings file read", "file", s.File)
+	}
+
+	d, err := daemon.New(o.cfg, log)
 	if err != nil {
 		if errors.Is(err, daemon.ErrConfig) {
 			return usagef("run: %v", strings.TrimPrefix(err.Error(), "config: "))
 		}
 		return err
 	}
+	if s.Explicit("monitoring") && d.Monitoring() != o.monitoring {
+		if err := d.SetMonitoring(o.monitoring); err != nil {
+			return fmt.Errorf("run: monitoring switch: %w", err)
+		}
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	r := &reloader{args: args, d: d, log: log, level: level, running: compared(s)}
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-hup:
+				r.reload(config.Sources{})
+			}
+		}
+	}()
 	return d.Run(ctx)
+}
+
+// reloader applies SIGHUP: the settings are loaded again from the same
+// command line, the environment and the file, and what may change at run
+// time is applied; the rest is reported as needing a restart.
+type reloader struct {
+	args    []string
+	d       interface{ Reload(daemon.Reloadable) error }
+	log     *slog.Logger
+	level   *slog.LevelVar
+	running map[string]string // the values in force, as compared
+}
+
+func (r *reloader) reload(src config.Sources) {
+	o, s, err := loadRun(r.args, src)
+	if err != nil {
+		r.log.Error("reload: bad settings; the running ones stay", "error", strings.TrimPrefix(err.Error(), "run: "))
+		return
+	}
+	now := compared(s)
+	var applied, restart []string
+	rl := daemon.Reloadable{IdleAfter: o.cfg.IdleAfter, DefaultPriority: o.cfg.DefaultPriority, PreemptGrace: o.cfg.PreemptGrace}
+	for _, k := range config.Changed(r.running, now) {
+		if !reloadable[k] {
+			restart = append(restart, k)
+			continue
+		}
+		applied = append(applied, k)
+		if k == "monitoring" && s.Explicit("monitoring") {
+			on := o.monitoring
+			rl.Monitoring = &on
+		}
+	}
+	if err := r.d.Reload(rl); err != nil {
+		r.log.Error("reload: not applied; the running settings stay", "error", err)
+		return
+	}
+	r.level.Set(o.level)
+	for _, k := range applied {
+		r.running[k] = now[k]
+	}
+	if len(restart) > 0 {
+		r.log.Warn("reload: these settings changed but take effect only after a restart", "keys", restart)
+	}
+	r.log.Info("reload: done", "file", s.File, "changed", applied)
 }

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/gpud/gpud/internal/occupancy"
@@ -18,6 +19,7 @@ import (
 //
 //	GET  /v1/state             the state document, as in the state file
 //	POST /v1/monitoring?on=B   the switch of patent claim 2
+//	GET  /v1/explain?pid=N     which rule applies to process N now (status.Explanation)
 type controlServer struct {
 	srv *http.Server
 	ln  net.Listener
@@ -57,6 +59,24 @@ func (d *Daemon) serveControl(path string) (*controlServer, error) {
 			return
 		}
 		fmt.Fprintf(w, "monitoring %v\n", on)
+	})
+	mux.HandleFunc("GET /v1/explain", func(w http.ResponseWriter, r *http.Request) {
+		pid, err := strconv.Atoi(r.URL.Query().Get("pid"))
+		if err != nil || pid <= 0 {
+			http.Error(w, "pid must be a positive number", http.StatusBadRequest)
+			return
+		}
+		e, err := d.Explain(pid)
+		if errors.Is(err, ErrNoSuchProcess) {
+			http.Error(w, fmt.Sprintf("no process %d (on this node, in gpud's PID namespace)", pid), http.StatusNotFound)
+			return
+		}
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(e)
 	})
 	cs := &controlServer{srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}, ln: ln}
 	go func() {

@@ -88,6 +88,7 @@ type Registry struct {
 	byCgroup    map[uint64]Workload
 	malformed   map[string]bool
 	overrides   map[string]occupancy.Priority // pod uid → class forced by lending
+	defaulted   map[string]bool               // keys Classify gave the default (no or malformed label)
 }
 
 // effective applies a lending override to a workload's class.
@@ -138,10 +139,20 @@ func (r *Registry) PodByName(namespace, name string) (Workload, bool) {
 // malformed label once per container.
 func (r *Registry) Classify(containerID string, labels map[string]string) occupancy.Priority {
 	v, ok := labels[LabelPriority]
+	p, err := ParseLabel(v)
+	r.mu.Lock()
+	if r.defaulted == nil {
+		r.defaulted = map[string]bool{}
+	}
+	if !ok || err != nil {
+		r.defaulted[containerID] = true
+	} else {
+		delete(r.defaulted, containerID)
+	}
+	r.mu.Unlock()
 	if !ok {
 		return r.def()
 	}
-	p, err := ParseLabel(v)
 	if err == nil {
 		return p
 	}
@@ -163,10 +174,47 @@ func (r *Registry) Classify(containerID string, labels map[string]string) occupa
 }
 
 func (r *Registry) def() occupancy.Priority {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.defLocked()
+}
+
+func (r *Registry) defLocked() occupancy.Priority {
 	if r.Default == "" {
 		return occupancy.Unmanaged
 	}
 	return r.Default
+}
+
+// DefaultPriority returns the class of workloads without the label.
+func (r *Registry) DefaultPriority() occupancy.Priority { return r.def() }
+
+// SetDefault changes the class of workloads without the label (a reload):
+// the known workloads that had the old default take the new one, and the
+// gate hears of each.
+func (r *Registry) SetDefault(p occupancy.Priority) {
+	r.mu.Lock()
+	r.Default = p
+	p = r.defLocked()
+	var changed []Workload
+	for key := range r.defaulted {
+		w, ok := r.byContainer[key]
+		if !ok || w.Priority == p {
+			continue
+		}
+		w.Priority = p
+		r.byContainer[key] = w
+		if w.CgroupID != 0 {
+			r.byCgroup[w.CgroupID] = w
+		}
+		changed = append(changed, r.effective(w))
+	}
+	r.mu.Unlock()
+	for _, w := range changed {
+		if w.CgroupID != 0 && r.OnChange != nil {
+			r.OnChange(w.CgroupID, gateClass(w.Priority))
+		}
+	}
 }
 
 // Put adds or updates a workload.
@@ -218,6 +266,7 @@ func (r *Registry) Remove(containerID string) {
 	w, ok := r.byContainer[containerID]
 	delete(r.byContainer, containerID)
 	delete(r.malformed, containerID)
+	delete(r.defaulted, containerID)
 	if ok && w.CgroupID != 0 {
 		delete(r.byCgroup, w.CgroupID)
 	}
@@ -232,22 +281,59 @@ func (r *Registry) Remove(containerID string) {
 func (r *Registry) Lookup(info occupancy.ProcInfo) (Workload, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	w, ok := r.lookupLocked(info)
+	return r.effective(w), ok
+}
+
+func (r *Registry) lookupLocked(info occupancy.ProcInfo) (Workload, bool) {
 	if info.ContainerID != "" {
 		if w, ok := r.byContainer[info.ContainerID]; ok {
-			return r.effective(w), true
+			return w, true
 		}
 	}
 	if info.PodUID != "" {
 		if w, ok := r.byContainer[podKey(info.PodUID)]; ok {
-			return r.effective(w), true
+			return w, true
 		}
 	}
 	if info.CgroupID != 0 {
 		if w, ok := r.byCgroup[info.CgroupID]; ok {
-			return r.effective(w), true
+			return w, true
 		}
 	}
 	return Workload{}, false
+}
+
+// Why ClassifyProc gives a process its class.
+const (
+	ReasonLabel    = "label"    // its workload's gpud.io/priority label
+	ReasonOverride = "override" // lending forced its pod's class (borrower low, owner high)
+	ReasonDefault  = "default"  // no or a malformed label, or a workload gpud does not know
+	ReasonHost     = "host"     // not in a container: never managed
+)
+
+// Explain returns the workload a process belongs to (ok false when none is
+// known), its class as ClassifyProc gives it, and why (a Reason constant).
+func (r *Registry) Explain(info occupancy.ProcInfo) (w Workload, ok bool, class occupancy.Priority, reason string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	raw, ok := r.lookupLocked(info)
+	if !ok {
+		if info.ContainerID != "" || info.PodUID != "" {
+			return Workload{}, false, r.defLocked(), ReasonDefault
+		}
+		return Workload{}, false, occupancy.Unmanaged, ReasonHost
+	}
+	w = r.effective(raw)
+	switch {
+	case w.Priority != raw.Priority || (raw.PodUID != "" && r.overrides[raw.PodUID] != ""):
+		reason = ReasonOverride
+	case r.defaulted[raw.key()]:
+		reason = ReasonDefault
+	default:
+		reason = ReasonLabel
+	}
+	return w, true, w.Priority, reason
 }
 
 // ClassifyProc sets a holder's priority: its workload's class; a process

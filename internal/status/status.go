@@ -2,6 +2,7 @@
 package status
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -14,22 +15,28 @@ import (
 	"github.com/gpud/gpud/internal/occupancy"
 )
 
-// Render writes a table of GPUs and their holders, fit for 80 columns.
-func Render(w io.Writer, f *occupancy.StateFile, now time.Time) error {
+// Width is the terminal width the table fits.
+const Width = 80
+
+// Render writes a table of GPUs and their holders, the lent GPUs and the
+// last preemptions, each line at most Width columns: long names end in an
+// ellipsis (-o json has them whole).
+func Render(out io.Writer, f *occupancy.StateFile, now time.Time) error {
+	var w bytes.Buffer
 	mon := "on"
 	if !f.Monitoring {
 		mon = "OFF (ledger frozen)"
 	}
-	fmt.Fprintf(w, "node %s  monitoring %s  updated %s ago\n\n", orDash(f.Node), mon, ago(now, f.UpdatedAt))
-	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
-	fmt.Fprintln(tw, "GPU\tSTATE\tPID\tCOMM\tCONTAINER/POD\tPRIORITY\tFDS\tSINCE")
+	fmt.Fprintf(&w, "node %s  monitoring %s  updated %s ago\n\n", trunc(orDash(f.Node), 40), mon, ago(now, f.UpdatedAt))
+	tw := tabwriter.NewWriter(&w, 0, 0, 1, ' ', 0)
+	fmt.Fprintln(tw, "GPU\tSTATE\tPID\tCOMM\tCONTAINER/POD\tPRIORITY\tSINCE")
 	for _, g := range f.GPUs {
-		state := printable(string(g.State))
+		state := trunc(string(g.State), 6)
 		if g.State == occupancy.Idle && g.IdleSince != nil {
 			state += " " + ago(now, *g.IdleSince)
 		}
 		if len(g.Holders) == 0 {
-			fmt.Fprintf(tw, "%d\t%s\t-\t-\t-\t-\t-\t-\n", g.Index, state)
+			fmt.Fprintf(tw, "%d\t%s\t-\t-\t-\t-\t-\n", g.Index, state)
 			continue
 		}
 		for i, h := range g.Holders {
@@ -37,33 +44,73 @@ func Render(w io.Writer, f *occupancy.StateFile, now time.Time) error {
 			if i > 0 {
 				gpu, state = "", ""
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%d\t%s\n", gpu, state, h.PID, trunc(h.Comm, 15),
-				workload(h), printable(string(h.Priority)), h.FDs, ago(now, h.OpenedAt))
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", gpu, state, h.PID, trunc(h.Comm, 15),
+				workload(h), trunc(orDash(string(h.Priority)), 12), ago(now, h.OpenedAt))
 		}
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	return renderPreemptions(w, f.Preemptions, now)
+	if err := renderLoans(&w, f.GPUs); err != nil {
+		return err
+	}
+	if err := renderPreemptions(&w, f.Preemptions, now); err != nil {
+		return err
+	}
+	return writeFitted(out, w.String())
+}
+
+// renderLoans lists the GPUs lent to a borrower, with their owners.
+func renderLoans(w io.Writer, gpus []occupancy.StateGPU) error {
+	var lent []occupancy.StateGPU
+	for _, g := range gpus {
+		if g.Borrower != "" || g.State == occupancy.Lent {
+			lent = append(lent, g)
+		}
+	}
+	if len(lent) == 0 {
+		return nil
+	}
+	fmt.Fprintf(w, "\nLENT GPUS\n")
+	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
+	fmt.Fprintln(tw, "GPU\tOWNER\tBORROWER")
+	for _, g := range lent {
+		fmt.Fprintf(tw, "%d\t%s\t%s\n", g.Index, trunc(orDash(g.Owner), 36), trunc(orDash(g.Borrower), 36))
+	}
+	return tw.Flush()
+}
+
+// writeFitted writes s with every line cut to Width columns: the safety
+// net under the columns' budgets (a huge GPU index or PID, say).
+func writeFitted(w io.Writer, s string) error {
+	var b strings.Builder
+	for _, l := range strings.SplitAfter(s, "\n") {
+		body := strings.TrimSuffix(l, "\n")
+		b.WriteString(strings.TrimRight(trunc(body, Width), " "))
+		if len(body) < len(l) {
+			b.WriteByte('\n')
+		}
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
 }
 
 // preemption is the part of a preemption record the table shows.
 type preemption struct {
-	Time   time.Time `json:"time"`
-	GPU    int       `json:"gpu"`
-	Action string    `json:"action"`
-	Victim struct {
-		PID         int    `json:"pid"`
-		ContainerID string `json:"container_id"`
-		PodUID      string `json:"pod_uid"`
-	} `json:"victim"`
-	Preemptor struct {
-		PID         int    `json:"pid"`
-		ContainerID string `json:"container_id"`
-		PodUID      string `json:"pod_uid"`
-	} `json:"preemptor"`
-	LatencyMS float64 `json:"latency_ms"`
-	Result    string  `json:"result"`
+	Time      time.Time   `json:"time"`
+	GPU       int         `json:"gpu"`
+	Action    string      `json:"action"`
+	Victim    recordParty `json:"victim"`
+	Preemptor recordParty `json:"preemptor"`
+	LatencyMS float64     `json:"latency_ms"`
+	Result    string      `json:"result"`
+}
+
+type recordParty struct {
+	PID         int    `json:"pid"`
+	ContainerID string `json:"container_id"`
+	PodUID      string `json:"pod_uid"`
+	TaskID      string `json:"task_id"`
 }
 
 // renderPreemptions shows the last few preemptions, newest first.
@@ -85,26 +132,29 @@ func renderPreemptions(w io.Writer, raw []occupancy.Preemption, now time.Time) e
 		if p.LatencyMS > 0 {
 			ms = fmt.Sprintf("%.1f", p.LatencyMS)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\n", ago(now, p.Time), p.GPU, printable(p.Action),
-			party(p.Victim.PID, p.Victim.ContainerID, p.Victim.PodUID),
-			party(p.Preemptor.PID, p.Preemptor.ContainerID, p.Preemptor.PodUID), ms, trunc(p.Result, 12))
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\n", ago(now, p.Time), p.GPU, trunc(p.Action, 7),
+			party(p.Victim, 14), party(p.Preemptor, 12), ms, trunc(p.Result, 9))
 	}
 	return tw.Flush()
 }
 
-func party(pid int, ctr, pod string) string {
+// party names one side of a record: its task (cut to n columns), else its
+// pod's or container's short id; then its PID.
+func party(p recordParty, n int) string {
 	var s string
 	switch {
-	case pod != "":
-		s = "pod/" + trunc(pod, 8)
-	case ctr != "":
-		s = "ctr/" + trunc(ctr, 8)
+	case p.TaskID != "":
+		s = trunc(p.TaskID, n)
+	case p.PodUID != "":
+		s = "pod/" + prefix(p.PodUID, 8)
+	case p.ContainerID != "":
+		s = "ctr/" + prefix(p.ContainerID, 8)
 	}
-	if pid > 0 {
+	if p.PID > 0 {
 		if s != "" {
 			s += " "
 		}
-		s += fmt.Sprint(pid)
+		s += fmt.Sprint(p.PID)
 	}
 	if s == "" {
 		return "-"
@@ -112,23 +162,38 @@ func party(pid int, ctr, pod string) string {
 	return s
 }
 
+// workload names a holder's pod or container by a short id, as docker ps
+// does (-o json has the whole ids).
 func workload(h occupancy.StateHolder) string {
 	switch {
 	case h.PodUID != "":
-		return "pod/" + trunc(h.PodUID, 12)
+		return "pod/" + prefix(h.PodUID, 12)
 	case h.ContainerID != "":
-		return "ctr/" + trunc(h.ContainerID, 12)
+		return "ctr/" + prefix(h.ContainerID, 12)
 	}
 	return "host"
 }
 
-// trunc returns s made printable, cut to n characters.
-func trunc(s string, n int) string {
+// prefix returns s made printable, cut to n characters: a short id.
+func prefix(s string, n int) string {
 	s = printable(s)
 	if utf8.RuneCountInString(s) <= n {
 		return s
 	}
 	return string([]rune(s)[:n])
+}
+
+// trunc returns s made printable, in at most n characters: a longer name
+// is cut and ends in an ellipsis.
+func trunc(s string, n int) string {
+	s = printable(s)
+	if utf8.RuneCountInString(s) <= n {
+		return s
+	}
+	if n < 1 {
+		return ""
+	}
+	return string([]rune(s)[:n-1]) + "…"
 }
 
 // printable replaces what must not reach a terminal with '?': control

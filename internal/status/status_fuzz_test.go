@@ -33,12 +33,16 @@ func FuzzRender(f *testing.F) {
 	hostile.GPUs[0].Holders[1].ContainerID = "\u202eabc\u202c" + ctrID
 	hostile.GPUs[1].Holders[0].Comm = "\xff\xfe\x80" + "ééééééééé"
 	hostile.GPUs[1].Holders[0].Priority = "lo\x00w"
+	hostile.GPUs[1].State = occupancy.Lent
+	hostile.GPUs[1].Owner = "ns/\x1b[2J" + strings.Repeat("o", 100)
+	hostile.GPUs[1].Borrower = "\u202e" + strings.Repeat("b", 100)
 	hostile.Preemptions = []occupancy.Preemption{
 		json.RawMessage(`{"time":"2025-03-01T11:59:00Z","gpu":1,"action":"kill\u001b[31m","victim":{"pid":1,"pod_uid":"\n\n"},"result":"\u0085done"}`),
 		json.RawMessage(`"not an object"`),
 	}
 	add(hostile)
 	add(&occupancy.StateFile{Version: 1})
+	add(busy())
 	f.Add([]byte(`{"version":1,"gpus":[{"index":-1,"state":"idle","idle_since":"0001-01-01T00:00:00Z","holders":[{"pid":2147483647,"fds":-5}]}]}`))
 	f.Add([]byte(`{"version":1,"preemptions":[{},{},{},{},{},{},{},1,null,"x"]}`))
 	f.Add([]byte(`{"version":2}`))
@@ -64,8 +68,22 @@ func FuzzRender(f *testing.F) {
 		for _, g := range sf.GPUs {
 			want += max(1, len(g.Holders))
 		}
+		lent := 0
+		for _, g := range sf.GPUs {
+			if g.Borrower != "" || g.State == occupancy.Lent {
+				lent++
+			}
+		}
+		if lent > 0 {
+			want += 3 + lent // blank, title, column titles, one per lent GPU
+		}
 		if n := len(sf.Preemptions); n > 0 {
 			want += 3 + min(n, 5) // blank, title, column titles, the last five
+		}
+		for _, l := range strings.Split(out, "\n") {
+			if n := utf8.RuneCountInString(l); n > Width {
+				t.Fatalf("line of %d columns: %q", n, l)
+			}
 		}
 		if got := strings.Count(out, "\n"); got != want || !strings.HasSuffix(out, "\n") {
 			t.Fatalf("%d lines, want %d:\n%s", got, want, out)

@@ -91,14 +91,14 @@ func TestRenderContent(t *testing.T) {
 	if lines[1] != "" {
 		t.Errorf("line 2 = %q, want blank", lines[1])
 	}
-	if got := strings.Fields(lines[2]); strings.Join(got, " ") != "GPU STATE PID COMM CONTAINER/POD PRIORITY FDS SINCE" {
+	if got := strings.Fields(lines[2]); strings.Join(got, " ") != "GPU STATE PID COMM CONTAINER/POD PRIORITY SINCE" {
 		t.Errorf("column titles = %q", lines[2])
 	}
 	for i, want := range [][]string{
-		{"0", "busy", "4194301", "pt_main_thread_", "pod/1a2b3c4d-000", "unclassified", "12", "26h15m"},
-		{"4194302", "tritonserver", "ctr/3f1c2d4e5b6a", "unmanaged", "3", "45s"},
-		{"1", "idle", "2h03m", "812", "jupyter-lab", "host", "low", "1", "9d"},
-		{"2", "free", "-", "-", "-", "-", "-", "-"},
+		{"0", "busy", "4194301", "pt_main_thread…", "pod/1a2b3c4d-000", "unclassified", "26h15m"},
+		{"4194302", "tritonserver", "ctr/3f1c2d4e5b6a", "unmanaged", "45s"},
+		{"1", "idle", "2h03m", "812", "jupyter-lab", "host", "low", "9d"},
+		{"2", "free", "-", "-", "-", "-", "-"},
 	} {
 		if got := strings.Fields(lines[3+i]); strings.Join(got, "|") != strings.Join(want, "|") {
 			t.Errorf("row %d = %q, want fields %q", i, lines[3+i], want)
@@ -146,7 +146,7 @@ func TestRenderEdgeCases(t *testing.T) {
 		t.Errorf("header = %q, want %q", lines[0], want)
 	}
 	// A holder opened in the future (clock skew) reads 0s.
-	if got := strings.Join(strings.Fields(lines[3]), "|"); got != "3|idle|9|x|host|1|0s" {
+	if got := strings.Join(strings.Fields(lines[3]), "|"); got != "3|idle|9|x|host|-|0s" {
 		t.Errorf("row = %q", lines[3])
 	}
 	if !strings.Contains(out, "\nLAST PREEMPTIONS (2 recorded") {
@@ -197,5 +197,106 @@ func TestAgo(t *testing.T) {
 	}
 	if got := ago(now, time.Time{}); got != "-" {
 		t.Errorf("ago(zero) = %q, want -", got)
+	}
+}
+
+// busy is a crowded node: long pod names on loans, many holders, big PIDs
+// and GPU indexes, long task ids and error results in the preemptions.
+func busy() *occupancy.StateFile {
+	f := realistic()
+	long := "ml-platform-team-production/distributed-resnet-training-job-with-a-very-long-generated-name-7f9c8d"
+	f.Node = "gpu-node-with-a-really-long-fully-qualified-name.us-east-1.compute.internal"
+	for i := 0; i < 4; i++ {
+		f.GPUs[0].Holders = append(f.GPUs[0].Holders, occupancy.StateHolder{
+			PID: 4194303 - i, Comm: "python3-worker-with-long-name", PodUID: "1a2b3c4d-0000-1111-2222-333344445555",
+			Priority: occupancy.High, OpenedAt: at(500 * 24 * time.Hour), FDs: 123456,
+		})
+	}
+	idle := at(47*time.Hour + 59*time.Minute)
+	f.GPUs = append(f.GPUs,
+		occupancy.StateGPU{Index: 3, State: occupancy.Lent, Owner: long, Borrower: long + "-borrower",
+			Holders: []occupancy.StateHolder{{PID: 4194304, Comm: "borrower", PodUID: "ffffffff-0000-1111-2222-333344445555",
+				Priority: occupancy.Low, OpenedAt: at(time.Minute)}}},
+		occupancy.StateGPU{Index: 4, State: occupancy.Lent, Borrower: "b/" + strings.Repeat("x", 200)},
+		occupancy.StateGPU{Index: 15, State: occupancy.Idle, IdleSince: &idle,
+			Holders: []occupancy.StateHolder{{PID: 1, Comm: "x", ContainerID: ctrID, Priority: occupancy.Unclassified, OpenedAt: at(time.Hour)}}},
+	)
+	for i := 0; i < 8; i++ {
+		rec := map[string]any{
+			"time": at(time.Duration(i) * 400 * 24 * time.Hour), "gpu": 15, "action": "reclaim",
+			"victim":     map[string]any{"pid": 4194303, "task_id": long, "pod_uid": "1a2b3c4d-0000"},
+			"preemptor":  map[string]any{"pid": 4194302, "task_id": long + "-high", "container_id": ctrID},
+			"latency_ms": 123456.789, "result": "evicting pod " + long + ": the server is currently unable to handle the request",
+		}
+		b, _ := json.Marshal(rec)
+		f.Preemptions = append(f.Preemptions, b)
+	}
+	return f
+}
+
+func TestRenderBusyFits80Columns(t *testing.T) {
+	out := render(t, busy())
+	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+	for i, line := range lines {
+		if n := utf8.RuneCountInString(line); n > 80 {
+			t.Errorf("line %d is %d columns: %q", i+1, n, line)
+		}
+	}
+	// Everything is there, cut with an ellipsis.
+	for _, want := range []string{"LENT GPUS", "GPU OWNER", "BORROWER", "3   ml-platform-team-production/distrib… ml-platform-team-production/distrib…", "MS       RESULT",
+		"b/xxxx", "LAST PREEMPTIONS (8 recorded", "ml-platform-t… 4194303", "ml-platform… 4194302", "123456.8 evicting…",
+		"4194300 python3-worker… pod/1a2b3c4d-000 high         500d", "idle 47h59m", "lent        4194304 borrower        pod/ffffffff-000 low          1m00s"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("missing %q", want)
+		}
+	}
+	// Lent GPUs: one row each, owner "-" when unknown.
+	var loans []string
+	for i, l := range lines {
+		if l == "LENT GPUS" {
+			loans = lines[i+2 : i+4]
+		}
+	}
+	if len(loans) != 2 || !strings.HasPrefix(loans[0], "3 ") || !strings.HasPrefix(strings.Join(strings.Fields(loans[1]), " "), "4 - b/") {
+		t.Errorf("loans = %q", loans)
+	}
+	if t.Failed() {
+		t.Logf("output:\n%s", out)
+	}
+}
+
+func TestRenderExplain(t *testing.T) {
+	e := &Explanation{
+		PID: 4242, Comm: "python3", Cgroup: "/kubepods.slice/kubepods-pod1a2b.slice/cri-containerd-3f1c.scope", CgroupID: 77,
+		ContainerID: ctrID, PodUID: "1a2b3c4d-0000-1111-2222-333344445555",
+		Workload: &Workload{Kind: "pod", Namespace: "batch", Name: "sweep-0", PodUID: "1a2b3c4d-0000-1111-2222-333344445555", TaskID: "batch/sweep-0"},
+		Priority: occupancy.Low, Reason: "label", Why: "label gpud.io/priority=low on its pod",
+		Monitoring: true, Enforcing: true, Holds: []int{1},
+		GPUs: []ExplainGPU{
+			{Index: 0, State: occupancy.Busy, HighHolders: 1, Allow: false, Rule: "high-held/low-opens: deny",
+				Effects: []string{"the refusal is recorded"}},
+			{Index: 1, State: occupancy.Busy, Holds: true, Allow: true, Rule: "free: allow"},
+		},
+	}
+	var b bytes.Buffer
+	if err := RenderExplain(&b, e); err != nil {
+		t.Fatal(err)
+	}
+	want := `pid 4242 (python3) in pod batch/sweep-0 (uid 1a2b3c4d-0000-1111-2222-333344445555), task batch/sweep-0, container id 3f1c2d4e5b6a
+cgroup /kubepods.slice/kubepods-pod1a2b.slice/cri-containerd-3f1c.scope (id 77)
+priority low: label gpud.io/priority=low on its pod
+holds GPU 1
+open of GPU 0: deny (rule: high-held/low-opens: deny) [busy, 1 other high]
+  then: the refusal is recorded
+open of GPU 1: allow (rule: free: allow) [busy, held by it]
+`
+	if b.String() != want {
+		t.Errorf("got:\n%s\nwant:\n%s", b.String(), want)
+	}
+	e.Workload, e.ContainerID, e.PodUID, e.Monitoring = nil, "", "", false
+	b.Reset()
+	RenderExplain(&b, e)
+	if !strings.HasPrefix(b.String(), "pid 4242 (python3) on the host\n") || !strings.Contains(b.String(), "monitoring is off") {
+		t.Errorf("host process, monitoring off:\n%s", b.String())
 	}
 }

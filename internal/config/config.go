@@ -1,0 +1,472 @@
+// Package config gives a command's settings three sources besides their
+// defaults: command-line flags, GPUD_* environment variables and an optional
+// YAML file with a version. The command's flag set stays the one list of
+// names, defaults and help: an environment variable is the flag's name upper
+// cased with '-' turned into '_' after the prefix (--idle-after:
+// GPUD_IDLE_AFTER), and a file key is the flag's name (idle-after: 5m).
+// Values from every source go through the flag's own Set, so they are
+// checked alike. Precedence: flag > environment > file > default.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Version is the only file version this gpud reads.
+const Version = "v1"
+
+// EnvPrefix starts every setting's environment variable.
+const EnvPrefix = "GPUD_"
+
+// FileFlag names the flag (and GPUD_CONFIG, its variable) giving the file.
+const FileFlag = "config"
+
+// MaxFileSize bounds the file: a settings file is a few hundred bytes.
+const MaxFileSize = 1 << 20
+
+// Error is a bad setting: one line naming the key and where its value came
+// from.
+type Error struct {
+	Key    string // the setting (flag name); "" for the file as a whole
+	Origin string // "flag --idle-after", "env GPUD_IDLE_AFTER", "file /etc/gpud.yaml:3"
+	Msg    string
+}
+
+func (e *Error) Error() string {
+	if e.Key == "" {
+		return e.Origin + ": " + e.Msg
+	}
+	return fmt.Sprintf("%s (%s): %s", e.Key, e.Origin, e.Msg)
+}
+
+// EnvName is the environment variable of the setting named name.
+func EnvName(name string) string {
+	return EnvPrefix + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+}
+
+// Sources are the environment and the file system, replaceable in tests.
+type Sources struct {
+	LookupEnv func(string) (string, bool)  // default os.LookupEnv
+	ReadFile  func(string) ([]byte, error) // default: os.ReadFile, at most MaxFileSize
+}
+
+func (s Sources) lookupEnv(k string) (string, bool) {
+	if s.LookupEnv != nil {
+		return s.LookupEnv(k)
+	}
+	return os.LookupEnv(k)
+}
+
+func (s Sources) readFile(p string) ([]byte, error) {
+	if s.ReadFile != nil {
+		return s.ReadFile(p)
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, MaxFileSize+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(b) > MaxFileSize {
+		return nil, fmt.Errorf("larger than %d bytes", MaxFileSize)
+	}
+	return b, nil
+}
+
+// Settings is a flag set filled from every source.
+type Settings struct {
+	FS     *flag.FlagSet
+	File   string            // the file read, "" when none
+	origin map[string]string // flag name → where its value came from
+}
+
+// Origin says where name's value came from: "default", "flag --name",
+// "env GPUD_NAME" or "file PATH:LINE".
+func (s *Settings) Origin(name string) string {
+	if o, ok := s.origin[name]; ok {
+		return o
+	}
+	return "default"
+}
+
+// Explicit reports whether name was set by any source (not its default).
+func (s *Settings) Explicit(name string) bool {
+	_, ok := s.origin[name]
+	return ok
+}
+
+// Invalid returns an Error for name, naming where its value came from: for
+// checks that span more than one flag's Set (a duration that must be
+// positive, say).
+func (s *Settings) Invalid(name, format string, args ...any) error {
+	return &Error{Key: name, Origin: s.Origin(name), Msg: oneLine(fmt.Sprintf(format, args...))}
+}
+
+// Values returns every setting's value as text, for telling what a reload
+// changed.
+func (s *Settings) Values() map[string]string {
+	out := map[string]string{}
+	s.FS.VisitAll(func(f *flag.Flag) { out[f.Name] = f.Value.String() })
+	return out
+}
+
+// Changed lists, sorted, the settings whose values differ between a and b.
+func Changed(a, b map[string]string) []string {
+	var out []string
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			out = append(out, k)
+		}
+	}
+	for k := range b {
+		if _, ok := a[k]; !ok {
+			out = append(out, k)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Load parses args into fs and fills it from the other sources: the file
+// named by --config (else GPUD_CONFIG) first, then the environment, then
+// the command line again, so that each later source wins and every value
+// from every source is checked by its flag. fs must have a string flag
+// named FileFlag. flag.ErrHelp is returned as is; any other error is one
+// line, an *Error when a setting is to blame.
+func Load(fs *flag.FlagSet, args []string, src Sources) (*Settings, error) {
+	s := &Settings{FS: fs, origin: map[string]string{}}
+	cfgFlag := fs.Lookup(FileFlag)
+	if cfgFlag == nil {
+		return nil, fmt.Errorf("config: flag set %q has no --%s flag", fs.Name(), FileFlag)
+	}
+	if err := parseArgs(fs, args); err != nil {
+		return nil, err
+	}
+	explicit := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { explicit[f.Name] = true })
+
+	path, pathOrigin := cfgFlag.Value.String(), "flag --"+FileFlag
+	if !explicit[FileFlag] {
+		path, pathOrigin = "", "env "+EnvName(FileFlag)
+		if v, ok := src.lookupEnv(EnvName(FileFlag)); ok {
+			path = v
+			if err := fs.Set(FileFlag, v); err != nil {
+				return nil, s.setError(cfgFlag, pathOrigin, v, err)
+			}
+			s.origin[FileFlag] = pathOrigin
+		}
+	}
+	if path != "" {
+		data, err := src.readFile(path)
+		if err != nil {
+			return nil, &Error{Key: FileFlag, Origin: pathOrigin, Msg: oneLine(err.Error())}
+		}
+		entries, err := ParseFile(path, data)
+		if err != nil {
+			return nil, err
+		}
+		for _, e := range entries {
+			origin := fmt.Sprintf("file %s:%d", path, e.Line)
+			f := fs.Lookup(e.Key)
+			if f == nil || e.Key == FileFlag {
+				return nil, &Error{Key: keyName(e.Key), Origin: origin, Msg: "unknown key"}
+			}
+			if err := fs.Set(e.Key, e.Value); err != nil {
+				return nil, s.setError(f, origin, e.Value, err)
+			}
+			s.origin[e.Key] = origin
+		}
+		s.File = path
+	}
+
+	var err error
+	fs.VisitAll(func(f *flag.Flag) {
+		if err != nil || f.Name == FileFlag {
+			return
+		}
+		name := EnvName(f.Name)
+		v, ok := src.lookupEnv(name)
+		if !ok {
+			return
+		}
+		if e := fs.Set(f.Name, v); e != nil {
+			err = s.setError(f, "env "+name, v, e)
+			return
+		}
+		s.origin[f.Name] = "env " + name
+	})
+	if err != nil {
+		return nil, err
+	}
+
+	// The command line last: it wins over the file and the environment.
+	if err := parseArgs(fs, args); err != nil {
+		return nil, err
+	}
+	for name := range explicit {
+		s.origin[name] = "flag --" + name
+	}
+	return s, nil
+}
+
+// recorder wraps a flag's value while the command line is parsed, to keep
+// the value and error of a failed Set: the flag package's own message for
+// it is less clear than ours.
+type recorder struct {
+	flag.Value
+	name   string
+	failed **failure
+}
+
+type failure struct {
+	name, value string
+	err         error
+}
+
+func (r *recorder) Set(v string) error {
+	err := r.Value.Set(v)
+	if err != nil {
+		*r.failed = &failure{r.name, v, err}
+	}
+	return err
+}
+
+func (r *recorder) String() string {
+	if r == nil || r.Value == nil {
+		return "" // the flag package calls String on a zero value
+	}
+	return r.Value.String()
+}
+
+func (r *recorder) IsBoolFlag() bool {
+	b, ok := r.Value.(interface{ IsBoolFlag() bool })
+	return ok && b.IsBoolFlag()
+}
+
+func parseArgs(fs *flag.FlagSet, args []string) error {
+	var failed *failure
+	orig := map[string]flag.Value{}
+	fs.VisitAll(func(f *flag.Flag) {
+		orig[f.Name] = f.Value
+		f.Value = &recorder{Value: f.Value, name: f.Name, failed: &failed}
+	})
+	err := fs.Parse(args)
+	fs.VisitAll(func(f *flag.Flag) { f.Value = orig[f.Name] })
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		if failed != nil {
+			return (&Settings{}).setError(fs.Lookup(failed.name), "flag --"+failed.name, failed.value, failed.err)
+		}
+		msg := oneLine(err.Error())
+		if name, ok := strings.CutPrefix(msg, "flag needs an argument: -"); ok {
+			return &Error{Key: name, Origin: "flag --" + name, Msg: "no value"}
+		}
+		if name, ok := strings.CutPrefix(msg, "flag provided but not defined: -"); ok {
+			return fmt.Errorf("unknown flag --%s", clip(name))
+		}
+		return errors.New(msg)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", clip(fs.Arg(0)))
+	}
+	return nil
+}
+
+// setError explains a value f refused.
+func (s *Settings) setError(f *flag.Flag, origin, value string, err error) error {
+	msg := fmt.Sprintf("invalid value %q: %v", clip(value), err)
+	if g, ok := f.Value.(flag.Getter); ok {
+		switch g.Get().(type) {
+		case time.Duration:
+			msg = fmt.Sprintf("invalid duration %q (want e.g. 30s, 5m or 1h)", clip(value))
+		case bool:
+			msg = fmt.Sprintf("invalid bool %q (want true or false)", clip(value))
+		case int, int64, uint, uint64, float64:
+			msg = fmt.Sprintf("invalid number %q", clip(value))
+		}
+	}
+	return &Error{Key: f.Name, Origin: origin, Msg: oneLine(msg)}
+}
+
+// Entry is one setting from the file.
+type Entry struct {
+	Key, Value string
+	Line       int
+}
+
+// ParseFile reads a settings file: a YAML mapping with version: v1 and one
+// scalar value per key, keys unique. Which keys exist is Load's business.
+// It never panics; errors are one line naming the key when there is one.
+func ParseFile(path string, data []byte) (entries []Entry, err error) {
+	fileErr := func(line int, key, format string, args ...any) error {
+		origin := "file " + path
+		if line > 0 {
+			origin = fmt.Sprintf("file %s:%d", path, line)
+		}
+		return &Error{Key: keyName(key), Origin: origin, Msg: oneLine(fmt.Sprintf(format, args...))}
+	}
+	defer func() {
+		// The YAML decoder is third-party code fed untrusted bytes: a panic
+		// in it is a bad file, not a dead daemon.
+		if r := recover(); r != nil {
+			entries, err = nil, fileErr(0, "", "unreadable YAML: %v", r)
+		}
+	}()
+	if len(data) > MaxFileSize {
+		return nil, fileErr(0, "", "larger than %d bytes", MaxFileSize)
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, fileErr(0, "version", "missing (want %s)", Version)
+		}
+		return nil, fileErr(0, "", "%v", err)
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); err == nil {
+		return nil, fileErr(extra.Line, "", "more than one YAML document")
+	} else if !errors.Is(err, io.EOF) {
+		return nil, fileErr(0, "", "%v", err)
+	}
+	root := &doc
+	if root.Kind == yaml.DocumentNode {
+		if len(root.Content) == 0 {
+			return nil, fileErr(0, "version", "missing (want %s)", Version)
+		}
+		root = root.Content[0]
+	}
+	root = deref(root)
+	if root.Kind != yaml.MappingNode {
+		if root.Kind == yaml.ScalarNode && root.Tag == "!!null" {
+			return nil, fileErr(0, "version", "missing (want %s)", Version)
+		}
+		return nil, fileErr(root.Line, "", "want a mapping of settings (key: value)")
+	}
+	seen := map[string]int{}
+	version, versionLine := "", 0
+	for i := 0; i+1 < len(root.Content); i += 2 {
+		k, v := deref(root.Content[i]), deref(root.Content[i+1])
+		if k.Kind != yaml.ScalarNode {
+			return nil, fileErr(k.Line, "", "a key must be a name")
+		}
+		if first, dup := seen[k.Value]; dup {
+			return nil, fileErr(k.Line, k.Value, "duplicate key (first on line %d)", first)
+		}
+		seen[k.Value] = k.Line
+		if v.Kind != yaml.ScalarNode {
+			return nil, fileErr(k.Line, k.Value, "want a single value, not a list or mapping")
+		}
+		if v.Tag == "!!null" {
+			return nil, fileErr(k.Line, k.Value, `no value (write "" for an empty string)`)
+		}
+		if k.Value == "version" {
+			version, versionLine = v.Value, k.Line
+			continue
+		}
+		entries = append(entries, Entry{Key: k.Value, Value: v.Value, Line: k.Line})
+	}
+	if versionLine == 0 {
+		return nil, fileErr(0, "version", "missing (want %s)", Version)
+	}
+	if version != Version {
+		return nil, fileErr(versionLine, "version", "unknown version %q (want %s)", clip(version), Version)
+	}
+	return entries, nil
+}
+
+// deref follows aliases (bounded: the decoder refuses alias cycles, but a
+// bound costs nothing).
+func deref(n *yaml.Node) *yaml.Node {
+	for i := 0; i < 64 && n.Kind == yaml.AliasNode && n.Alias != nil; i++ {
+		n = n.Alias
+	}
+	return n
+}
+
+// keyName shows a key from the file in an error: quoted when it is not a
+// plain name, so that the error stays one line.
+func keyName(k string) string {
+	for _, r := range k {
+		if !(r == '-' || r == '_' || r == '.' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z') {
+			return strconv.Quote(clip(k))
+		}
+	}
+	return clip(k)
+}
+
+// clip bounds a value quoted in an error.
+func clip(s string) string {
+	const max = 64
+	if utf8.RuneCountInString(s) <= max {
+		return s
+	}
+	r := []rune(s)
+	return string(r[:max]) + "…"
+}
+
+// oneLine keeps an error to one line.
+func oneLine(s string) string {
+	s = strings.TrimSpace(s)
+	if !strings.ContainsAny(s, "\r\n") {
+		return s
+	}
+	return strings.Join(strings.Fields(s), " ")
+}
+
+// Enum is a string flag.Value that takes one of a few words.
+type Enum struct {
+	p       *string
+	allowed []string
+}
+
+// NewEnum sets *p to def and returns a value accepting only allowed.
+func NewEnum(p *string, def string, allowed ...string) *Enum {
+	*p = def
+	return &Enum{p: p, allowed: allowed}
+}
+
+func (e *Enum) Set(s string) error {
+	if slices.Contains(e.allowed, s) {
+		*e.p = s
+		return nil
+	}
+	return fmt.Errorf("want %s", orList(e.allowed))
+}
+
+func (e *Enum) String() string {
+	if e == nil || e.p == nil {
+		return ""
+	}
+	return *e.p
+}
+
+// Get returns the word (flag.Getter).
+func (e *Enum) Get() any { return e.String() }
+
+func orList(w []string) string {
+	switch len(w) {
+	case 0:
+		return "nothing"
+	case 1:
+		return w[0]
+	}
+	return strings.Join(w[:len(w)-1], ", ") + " or " + w[len(w)-1]
+}
