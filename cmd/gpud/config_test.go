@@ -59,6 +59,10 @@ nvml: "off"
 			t.Errorf("Origin(%s) = %q, want %q", name, got, want)
 		}
 	}
+	// An action is not a setting: GPUD_UNINSTALL is not read.
+	if o, _, err := loadRun(nil, fakeSources(map[string]string{"GPUD_UNINSTALL": "true"}, nil)); err != nil || o.uninstall {
+		t.Errorf("GPUD_UNINSTALL: %v, uninstall %v", err, o != nil && o.uninstall)
+	}
 	// The defaults, with no source at all, are those of the README.
 	o, _, err = loadRun(nil, fakeSources(nil, nil))
 	if err != nil {
@@ -74,13 +78,14 @@ nvml: "off"
 // where it came from), a usage error (exit status 2).
 func TestRunBadSettings(t *testing.T) {
 	files := map[string]string{
-		"/v9":       "version: v9\n",
-		"/unknown":  "version: v1\nidle-after: 1m\nidel-after: 2m\n",
-		"/duration": "version: v1\nidle-after: 5mins\n",
-		"/prio":     "version: v1\ndefault-priority: urgent\n",
-		"/grace":    "version: v1\npreempt-grace: -1s\n",
-		"/zero":     "version: v1\nfail-open-after: 0s\n",
-		"/bool":     "version: v1\nmonitoring: on\n",
+		"/v9":        "version: v9\n",
+		"/unknown":   "version: v1\nidle-after: 1m\nidel-after: 2m\n",
+		"/duration":  "version: v1\nidle-after: 5mins\n",
+		"/prio":      "version: v1\ndefault-priority: urgent\n",
+		"/grace":     "version: v1\npreempt-grace: -1s\n",
+		"/zero":      "version: v1\nfail-open-after: 0s\n",
+		"/bool":      "version: v1\nmonitoring: on\n",
+		"/uninstall": "version: v1\nuninstall: true\n",
 	}
 	for _, tc := range []struct {
 		args []string
@@ -106,6 +111,7 @@ func TestRunBadSettings(t *testing.T) {
 		{[]string{"--state-file", " "}, nil, `run: state-file (flag --state-file): is empty`},
 		{[]string{"--idle-after"}, nil, `run: idle-after (flag --idle-after): no value`},
 		{[]string{"--idle-afterr", "1m"}, nil, `run: unknown flag --idle-afterr`},
+		{[]string{"--config", "/uninstall"}, nil, `run: uninstall (file /uninstall:2): unknown key`},
 	} {
 		_, _, err := loadRun(tc.args, fakeSources(tc.env, files))
 		if err == nil {

@@ -104,6 +104,10 @@ func runFlags() (*flag.FlagSet, *runOptions) {
 	return fs, o
 }
 
+// flagOnly are actions, not settings: never from the environment or the
+// file, where a forgotten GPUD_UNINSTALL=true would stop every start.
+var flagOnly = []string{"uninstall"}
+
 // reloadable are the settings SIGHUP applies to the running daemon.
 var reloadable = map[string]bool{
 	"idle-after": true, "default-priority": true, "preempt-grace": true, "monitoring": true, "log-level": true,
@@ -115,6 +119,7 @@ var reloadable = map[string]bool{
 // its value came from.
 func loadRun(args []string, src config.Sources) (*runOptions, *config.Settings, error) {
 	fs, o := runFlags()
+	src.FlagOnly = flagOnly
 	s, err := config.Load(fs, args, src)
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -162,7 +167,7 @@ func runUsage() {
 	fs, _ := runFlags()
 	fmt.Println("usage: gpud run [flags]")
 	fmt.Println()
-	fmt.Println("Every flag can also be set with GPUD_<FLAG> (e.g. GPUD_IDLE_AFTER=10m) or as a key")
+	fmt.Println("Every setting can also be set with GPUD_<FLAG> (e.g. GPUD_IDLE_AFTER=10m) or as a key")
 	fmt.Println("of the --config file (idle-after: 10m, after version: v1). A flag wins over the")
 	fmt.Println("environment, which wins over the file. SIGHUP reloads the file and the environment")
 	fmt.Println("and applies the settings marked reloadable.")

@@ -60,6 +60,10 @@ func EnvName(name string) string {
 type Sources struct {
 	LookupEnv func(string) (string, bool)  // default os.LookupEnv
 	ReadFile  func(string) ([]byte, error) // default: os.ReadFile, at most MaxFileSize
+	// FlagOnly names flags that are actions rather than settings (gpud
+	// run --uninstall): only the command line sets them; in the file they
+	// are unknown keys, and their variables are not read.
+	FlagOnly []string
 }
 
 func (s Sources) lookupEnv(k string) (string, bool) {
@@ -183,7 +187,7 @@ func Load(fs *flag.FlagSet, args []string, src Sources) (*Settings, error) {
 		for _, e := range entries {
 			origin := fmt.Sprintf("file %s:%d", path, e.Line)
 			f := fs.Lookup(e.Key)
-			if f == nil || e.Key == FileFlag {
+			if f == nil || e.Key == FileFlag || slices.Contains(src.FlagOnly, e.Key) {
 				return nil, &Error{Key: keyName(e.Key), Origin: origin, Msg: "unknown key"}
 			}
 			if err := fs.Set(e.Key, e.Value); err != nil {
@@ -196,7 +200,7 @@ func Load(fs *flag.FlagSet, args []string, src Sources) (*Settings, error) {
 
 	var err error
 	fs.VisitAll(func(f *flag.Flag) {
-		if err != nil || f.Name == FileFlag {
+		if err != nil || f.Name == FileFlag || slices.Contains(src.FlagOnly, f.Name) {
 			return
 		}
 		name := EnvName(f.Name)

@@ -185,6 +185,23 @@ func TestBadInputs(t *testing.T) {
 	}
 }
 
+func TestFlagOnly(t *testing.T) {
+	src := fake(map[string]string{"GPUD_ENFORCE": "false"}, map[string]string{"/f": "version: v1\nenforce: false\n"})
+	src.FlagOnly = []string{"enforce"}
+	fs, v := newFlags()
+	if _, err := Load(fs, nil, src); err != nil || !v.enforce {
+		t.Errorf("a flag-only setting read from the environment: %v %v", err, v.enforce)
+	}
+	fs, _ = newFlags()
+	if _, err := Load(fs, []string{"--config", "/f"}, src); err == nil || err.Error() != "enforce (file /f:2): unknown key" {
+		t.Errorf("a flag-only setting in the file: %v", err)
+	}
+	fs, v = newFlags()
+	if _, err := Load(fs, []string{"--enforce=false"}, src); err != nil || v.enforce {
+		t.Errorf("the flag itself: %v %v", err, v.enforce)
+	}
+}
+
 func TestHelp(t *testing.T) {
 	fs, _ := newFlags()
 	if _, err := Load(fs, []string{"-h"}, fake(nil, nil)); !errors.Is(err, flag.ErrHelp) {
