@@ -40,19 +40,6 @@ type Executor struct {
 	wg      sync.WaitGroup
 }
 
-// SetGrace changes Grace for the kills that start from now on (a reload).
-func (e *Executor) SetGrace(d time.Duration) {
-	e.mu.Lock()
-	e.Grace = d
-	e.mu.Unlock()
-}
-
-func (e *Executor) grace() time.Duration {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.Grace
-}
-
 type deadKey struct {
 	pid   int
 	start uint64
@@ -128,15 +115,14 @@ func (e *Executor) kill(ctx context.Context, gpu int, rule string, preemptor Par
 	if e.Journal != nil {
 		rec.ID = e.Journal.NewID(rec.Time)
 	}
-	grace := e.grace()
 	first := "SIGKILL"
-	if grace > 0 {
+	if e.Grace > 0 {
 		first = "SIGTERM"
 	}
 	if e.CheckpointRoot != "" && v.TaskID != "" {
 		// Before the kill, so that a task given a grace period finds it.
 		if _, err := WriteNotice(e.CheckpointRoot, Notice{
-			Time: rec.Time, GPU: gpu, Reason: rule, Signal: first, GraceSec: grace.Seconds(),
+			Time: rec.Time, GPU: gpu, Reason: rule, Signal: first, GraceSec: e.Grace.Seconds(),
 			TaskID: v.TaskID, RecordID: rec.ID,
 		}); err != nil {
 			e.log().Warn("writing checkpoint notice", "task_id", v.TaskID, "error", err)
@@ -151,7 +137,9 @@ func (e *Executor) kill(ctx context.Context, gpu int, rule string, preemptor Par
 			return nil
 		})
 	}
-	sig, err := Kill(e.ProcRoot, v.ProcInfo, grace, verify...)
+	verify = append(verify, inWorkload(e.ProcRoot, v))
+	beforeKill(v)
+	sig, err := Kill(e.ProcRoot, v.ProcInfo, e.Grace, verify...)
 	rec.Signal = sig
 	rec.LatencyMS = float64(time.Since(decided).Microseconds()) / 1000
 	switch {
@@ -163,7 +151,8 @@ func (e *Executor) kill(ctx context.Context, gpu int, rule string, preemptor Par
 		rec.Result = err.Error()
 	}
 	e.log().Info("preempted", "gpu", gpu, "victim_pid", v.PID, "victim_container", v.ContainerID,
-		"preemptor_pid", preemptor.PID, "signal", sig, "result", rec.Result, "latency_ms", rec.LatencyMS)
+		"preemptor_pid", preemptor.PID, "signal", sig, "result", rec.Result, "latency_ms", rec.LatencyMS,
+		"reason", errString(err))
 	e.record(rec)
 }
 

@@ -140,6 +140,7 @@ func (r *Reclaimer) Reclaim(ctx context.Context, t Target) bool {
 	go func() {
 		defer r.wg.Done()
 		err := r.run(ctx, t)
+		afterReclaim(t, err)
 		r.mu.Lock()
 		delete(r.inflight, containerID)
 		r.mu.Unlock()
@@ -158,6 +159,7 @@ func (r *Reclaimer) run(ctx context.Context, t Target) error {
 	}
 	deadline := time.Now().Add(max)
 	backoff := 100 * time.Millisecond
+	beforeReclaim(t)
 	for attempt := 1; ; attempt++ {
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		err := r.Runtime.Reclaim(cctx, t, r.Mode)
