@@ -40,6 +40,19 @@ type Executor struct {
 	wg      sync.WaitGroup
 }
 
+// SetGrace changes Grace for the kills that start from now on (a reload).
+func (e *Executor) SetGrace(d time.Duration) {
+	e.mu.Lock()
+	e.Grace = d
+	e.mu.Unlock()
+}
+
+func (e *Executor) grace() time.Duration {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.Grace
+}
+
 type deadKey struct {
 	pid   int
 	start uint64
@@ -115,14 +128,15 @@ func (e *Executor) kill(ctx context.Context, gpu int, rule string, preemptor Par
 	if e.Journal != nil {
 		rec.ID = e.Journal.NewID(rec.Time)
 	}
+	grace := e.grace()
 	first := "SIGKILL"
-	if e.Grace > 0 {
+	if grace > 0 {
 		first = "SIGTERM"
 	}
 	if e.CheckpointRoot != "" && v.TaskID != "" {
 		// Before the kill, so that a task given a grace period finds it.
 		if _, err := WriteNotice(e.CheckpointRoot, Notice{
-			Time: rec.Time, GPU: gpu, Reason: rule, Signal: first, GraceSec: e.Grace.Seconds(),
+			Time: rec.Time, GPU: gpu, Reason: rule, Signal: first, GraceSec: grace.Seconds(),
 			TaskID: v.TaskID, RecordID: rec.ID,
 		}); err != nil {
 			e.log().Warn("writing checkpoint notice", "task_id", v.TaskID, "error", err)
@@ -139,7 +153,7 @@ func (e *Executor) kill(ctx context.Context, gpu int, rule string, preemptor Par
 	}
 	verify = append(verify, inWorkload(e.ProcRoot, v))
 	beforeKill(v)
-	sig, err := Kill(e.ProcRoot, v.ProcInfo, e.Grace, verify...)
+	sig, err := Kill(e.ProcRoot, v.ProcInfo, grace, verify...)
 	rec.Signal = sig
 	rec.LatencyMS = float64(time.Since(decided).Microseconds()) / 1000
 	switch {
