@@ -131,7 +131,8 @@ func TestBinarySIGHUPReload(t *testing.T) {
 
 	d := exec.Command(bin, "run", "--dev-dir", devDir, "--state-file", stateFile, "--state-dir", dir,
 		"--control-socket", socket, "--checkpoint-root", filepath.Join(dir, "ckpt"), "--metrics-addr", "",
-		"--docker-host", "none", "--cri-endpoint", "none", "--nvml", "off", "--node-name", "sighup-test")
+		"--docker-host", "none", "--cri-endpoint", "none", "--nvml", "off", "--node-name", "sighup-test",
+		"--bpf-pin-dir", "") // the gate goes with the process: nothing left pinned if the test fails
 	d.Env = append(os.Environ(), "GPUD_CONFIG="+cfgPath, "GPUD_PREEMPT_GRACE=1s", "KUBERNETES_SERVICE_HOST=")
 	logs := &lockedBuffer{}
 	d.Stderr = logs
