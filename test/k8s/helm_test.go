@@ -203,12 +203,13 @@ func TestHelmChartRendersTheBase(t *testing.T) {
 
 	// Every flag of `gpud run` is a value: set the ones rendered only when
 	// set, and turn lending on. (--config is not a setting but where more
-	// are; the chart passes them all as flags, which win over the file.)
+	// are; the chart passes them all as flags, which win over the file.
+	// --uninstall is an admin's one-off action.)
 	all := objects(t, render(t, "--set", "devicePlugin.enabled=true,serviceMonitor.enabled=true,gpud.monitoring=false",
 		"--set", "gpud.nodeName=n,gpud.cgroupRoot=/c,gpud.kubeconfig=/k,gpud.criEndpoint=/r,gpud.metricsAddr=127.0.0.1:9408"))
 	args := strings.Join(all["DaemonSet"].Spec.Template.Spec.Containers[0].Args, " ") + " "
 	for _, f := range runFlags(t) {
-		if f != "config" && !strings.Contains(args, " --"+f+"=") {
+		if f != "config" && f != "uninstall" && !strings.Contains(args, " --"+f+"=") {
 			t.Errorf("`gpud run --%s` has no value in the chart (args: %s)", f, args)
 		}
 	}
@@ -244,13 +245,23 @@ func deployChart(t *testing.T, dev string, set ...string) string {
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Logf("deleting the chart's objects: %v\n%s", err, out)
 		}
+		// The namespace is gone, so is gpud's pod; its gate stays pinned
+		// (gpud.keepEnforcing) and would judge the next test's pods.
+		root, _ := filepath.Abs("../..")
+		if out, err := exec.Command(filepath.Join(root, "bin/gpud"), "run", "--uninstall").CombinedOutput(); err != nil {
+			t.Errorf("gpud run --uninstall: %v %s", err, out)
+		}
 	})
 
 	var gp string
 	eventually(t, "the chart's gpud pod exists", 60*time.Second, func() bool {
-		gp, _ = kubectl(t, "-n", "gpud-system", "get", "pod", "-l", "app.kubernetes.io/instance=gpud",
-			"-o", "jsonpath={.items[0].metadata.name}")
-		return gp != ""
+		out, err := kubectl(t, "-n", "gpud-system", "get", "pod", "-l", "app.kubernetes.io/instance=gpud",
+			"-o", "jsonpath={.items[*].metadata.name}")
+		if err != nil || out == "" {
+			return false
+		}
+		gp = out
+		return true
 	})
 	t.Cleanup(func() {
 		if t.Failed() {
