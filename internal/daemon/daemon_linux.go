@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -441,6 +442,17 @@ func (d *Daemon) setupEnforcement(cgroupRoot string) error {
 		d.log.Warn("preemption journal: skipped unreadable lines", "lines", skipped)
 	}
 	d.journal = j
+	// Kills a previous gpud started but did not live to record.
+	if n, err := j.Resolve(func(r preempt.Record) string {
+		if _, err := os.Stat(filepath.Join("/proc", strconv.Itoa(r.Victim.PID))); errors.Is(err, os.ErrNotExist) {
+			return "gone (gpud restarted during the kill)"
+		}
+		return "interrupted (gpud restarted before confirming the kill)"
+	}); err != nil {
+		return fmt.Errorf("preemption journal: %w", err)
+	} else if n > 0 {
+		d.log.Warn("preemption journal: resolved kills a previous gpud left pending", "records", n)
+	}
 	reclaim := cfg.Reclaim
 	if reclaim == "" {
 		reclaim = preempt.ReclaimStop

@@ -464,5 +464,29 @@ func TestOverloadDropsResync(t *testing.T) {
 	if e.d.Tracker().Resyncs.Load() <= resyncs {
 		t.Fatalf("drops (%d) were not followed by a resync", e.d.Tracker().Drops.Load())
 	}
+	// The drops and the resyncs they caused are on /metrics.
+	mfs, err := e.d.Metrics().Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dropped, dropResyncs float64
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			switch mf.GetName() {
+			case "gpud_events_dropped_total":
+				dropped = m.GetCounter().GetValue()
+			case "gpud_resyncs_total":
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "reason" && l.GetValue() == "dropped" {
+						dropResyncs = m.GetCounter().GetValue()
+					}
+				}
+			}
+		}
+	}
+	if dropped < float64(e.d.Tracker().Drops.Load()) || dropResyncs < 1 {
+		t.Errorf("metrics: gpud_events_dropped_total %v (tracker saw %d), gpud_resyncs_total{reason=dropped} %v",
+			dropped, e.d.Tracker().Drops.Load(), dropResyncs)
+	}
 	t.Logf("dropped %d events, %d resyncs", e.d.Tracker().Drops.Load(), e.d.Tracker().Resyncs.Load()-resyncs)
 }

@@ -153,6 +153,15 @@ func (e *Executor) kill(ctx context.Context, gpu int, rule string, preemptor Par
 	}
 	verify = append(verify, inWorkload(e.ProcRoot, v))
 	beforeKill(v)
+	if e.Journal != nil {
+		// The intent, before the kill: a gpud killed between the kill and
+		// its record leaves this for the next gpud to resolve.
+		intent := rec
+		intent.Result = ResultPending
+		if err := e.Journal.Note(intent); err != nil {
+			e.log().Warn("journaling the kill's intent", "error", err)
+		}
+	}
 	sig, err := Kill(e.ProcRoot, v.ProcInfo, grace, verify...)
 	rec.Signal = sig
 	rec.LatencyMS = float64(time.Since(decided).Microseconds()) / 1000

@@ -189,14 +189,46 @@ func (j *Journal) NewID(now time.Time) string {
 	return fmt.Sprintf("%d-%d-%d", now.UnixNano(), os.Getpid(), j.seq)
 }
 
+// ResultPending marks a kill record written before the kill: if gpud dies
+// before the outcome is appended, the next gpud resolves it (Resolve).
+const ResultPending = "pending"
+
 // Append writes a record durably and keeps it among the recent ones.
 func (j *Journal) Append(r Record) error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	return j.appendLocked(r)
+	return j.appendLocked(r, true)
 }
 
-func (j *Journal) appendLocked(r Record) error {
+// Note writes a record without waiting for the disk: the intent written
+// just before a kill, on the kill's critical path. A gpud killed right
+// after still leaves it in the page cache, hence in the file.
+func (j *Journal) Note(r Record) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.appendLocked(r, false)
+}
+
+// Resolve settles the records a previous gpud left pending (it died between
+// a kill's intent and its outcome): outcome gives each one's result.
+func (j *Journal) Resolve(outcome func(Record) string) (int, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	n := 0
+	for _, r := range append([]Record(nil), j.recent...) {
+		if r.Result != ResultPending {
+			continue
+		}
+		r.Result = outcome(r)
+		if err := j.appendLocked(r, true); err != nil {
+			return n, err
+		}
+		n++
+	}
+	return n, nil
+}
+
+func (j *Journal) appendLocked(r Record, sync bool) error {
 	b, err := json.Marshal(r)
 	if err != nil {
 		return fmt.Errorf("preempt: encoding record: %w", err)
@@ -209,8 +241,10 @@ func (j *Journal) appendLocked(r Record) error {
 		return fmt.Errorf("preempt: writing journal: %w", err)
 	}
 	j.torn = false
-	if err := j.f.Sync(); err != nil {
-		return fmt.Errorf("preempt: syncing journal: %w", err)
+	if sync {
+		if err := j.f.Sync(); err != nil {
+			return fmt.Errorf("preempt: syncing journal: %w", err)
+		}
 	}
 	replaced := false
 	for i := range j.recent {
@@ -239,7 +273,7 @@ func (j *Journal) Resumed(taskID string, at time.Time) (Record, bool, error) {
 	r := j.recent[i]
 	t := at.UTC()
 	r.ResumedAt = &t
-	return r, true, j.appendLocked(r)
+	return r, true, j.appendLocked(r, true)
 }
 
 // Recent returns the last records, oldest first.

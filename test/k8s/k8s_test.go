@@ -215,6 +215,7 @@ patches:
 			out, err := kubectl(t, "-n", "gpud-system", "get", "pod", "-l", "app.kubernetes.io/name=gpud", "-o", "name")
 			return err != nil || strings.TrimSpace(out) == ""
 		})
+		uninstallGate(t)
 	})
 
 	var gp string
@@ -245,6 +246,17 @@ patches:
 	return gp
 }
 
+// uninstallGate removes the gate a stopped DaemonSet gpud left pinned
+// (--keep-enforcing is on by default), as `gpud run --uninstall` does for
+// an admin removing gpud from a node.
+func uninstallGate(t *testing.T) {
+	t.Helper()
+	root, _ := filepath.Abs("../..")
+	if out, err := exec.Command(filepath.Join(root, "bin/gpud"), "run", "--uninstall").CombinedOutput(); err != nil {
+		t.Errorf("gpud run --uninstall: %v %s", err, out)
+	}
+}
+
 // startHostGpud runs bin/gpud on the host (the development set-up) with
 // the given extra flags; it returns the state file's path.
 func startHostGpud(t *testing.T, dev string, flags ...string) string {
@@ -252,7 +264,7 @@ func startHostGpud(t *testing.T, dev string, flags ...string) string {
 	root, _ := filepath.Abs("../..")
 	state := t.TempDir()
 	args := append([]string{"run", "--dev-dir", dev, "--state-file", filepath.Join(state, "state.json"),
-		"--state-dir", state, "--control-socket", "", "--docker-host", "none"}, flags...)
+		"--state-dir", state, "--control-socket", "", "--docker-host", "none", "--keep-enforcing=false"}, flags...)
 	cmd := exec.Command(filepath.Join(root, "bin/gpud"), args...)
 	cmd.Env = append(os.Environ(), "KUBERNETES_SERVICE_HOST=")
 	logf, _ := os.Create(filepath.Join(state, "gpud.log"))
