@@ -48,6 +48,14 @@ func (p *ProcFS) GPUFDs(pid int) (map[int][]int32, error) {
 		if err != nil {
 			continue // closed meanwhile
 		}
+		if target == "anon_inode:[io_uring]" {
+			// Files registered in an io_uring's fixed-file table are held
+			// without an fd of their own: slot k counts as fd -(k+1).
+			for gpu, slots := range p.ringFiles(pid, fd) {
+				out[gpu] = append(out[gpu], slots...)
+			}
+			continue
+		}
 		// Only device files can be GPUs; skip sockets, pipes, anon inodes
 		// without touching them.
 		if strings.HasPrefix(target, "socket:") || strings.HasPrefix(target, "pipe:") ||
@@ -61,11 +69,68 @@ func (p *ProcFS) GPUFDs(pid int) (map[int][]int32, error) {
 		if st.Mode&unix.S_IFMT != unix.S_IFCHR {
 			continue
 		}
-		if gpu, ok := p.Devs[st.Rdev]; ok {
+		if gpu, ok := p.Devs[st.Rdev]; ok && !p.pathOnly(pid, fd) {
 			out[gpu] = append(out[gpu], int32(fd))
 		}
 	}
 	return out, nil
+}
+
+// oPath is O_PATH as /proc/<pid>/fdinfo prints flags (octal).
+const oPath = 0o10000000
+
+// pathOnly reports whether fd was opened O_PATH: a handle on the node, not
+// an open of the device (no driver, no GPU access, no gate).
+func (p *ProcFS) pathOnly(pid, fd int) bool {
+	b, err := os.ReadFile(filepath.Join(p.Root, strconv.Itoa(pid), "fdinfo", strconv.Itoa(fd)))
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "flags:"); ok {
+			flags, err := strconv.ParseUint(strings.TrimSpace(v), 8, 64)
+			return err == nil && flags&oPath != 0
+		}
+	}
+	return false
+}
+
+// ringFiles returns the GPUs in the fixed-file table of the io_uring at
+// fd, as pseudo fds -(slot+1). The table is listed in the ring's fdinfo
+// ("UserFiles:" then "  <slot>: <path>"), paths as the process sees them.
+func (p *ProcFS) ringFiles(pid, fd int) map[int][]int32 {
+	b, err := os.ReadFile(filepath.Join(p.Root, strconv.Itoa(pid), "fdinfo", strconv.Itoa(fd)))
+	if err != nil {
+		return nil
+	}
+	var out map[int][]int32
+	in := false
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, "UserFiles:") {
+			in = true
+			continue
+		}
+		if !in {
+			continue
+		}
+		slotStr, path, ok := strings.Cut(strings.TrimSpace(line), ": ")
+		slot, err := strconv.Atoi(slotStr)
+		if !ok || err != nil || !strings.HasPrefix(line, " ") {
+			break // the table ends where the indented lines do
+		}
+		var st unix.Stat_t
+		if err := unix.Stat(filepath.Join(p.Root, strconv.Itoa(pid), "root", path), &st); err != nil ||
+			st.Mode&unix.S_IFMT != unix.S_IFCHR {
+			continue
+		}
+		if gpu, ok := p.Devs[st.Rdev]; ok {
+			if out == nil {
+				out = map[int][]int32{}
+			}
+			out[gpu] = append(out[gpu], int32(-(slot + 1)))
+		}
+	}
+	return out
 }
 
 // Info reads pid's identity: start time, comm, cgroup, container and pod.
