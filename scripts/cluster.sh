@@ -717,6 +717,9 @@ up() {
 	# A node as systemd sets it up: a bpf filesystem at /sys/fs/bpf, where
 	# gpud in its pod pins the gate so that it outlives the pod's restarts.
 	mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf || die "cannot mount bpffs at /sys/fs/bpf"
+	# Shared, as systemd leaves every mount: the DaemonSet mounts it with
+	# HostToContainer propagation, which containerd refuses on a private one.
+	mount --make-shared /sys/fs/bpf || die "cannot make /sys/fs/bpf a shared mount"
 	local node=${GPUD_NODE_NAME:-$(hostname)}
 	node=${node,,}
 	[[ $node =~ ^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$ ]] || die "node name '$node' is not a DNS name (set GPUD_NODE_NAME)"

@@ -104,6 +104,9 @@ func (d *Daemon) metricsSnapshot() metrics.Snapshot {
 			if w, ok := d.registry.Lookup(occupancy.ProcInfo{CgroupID: h.CgroupID, ContainerID: h.ContainerID, PodUID: h.PodUID}); ok {
 				if w.PodUID != "" {
 					mh.Namespace, mh.Pod = w.Namespace, w.Name
+					if d.pods != nil {
+						mh.Container = d.pods.ContainerName(w.Namespace, w.Name, h.ContainerID)
+					}
 				} else {
 					mh.Container = w.Name
 				}

@@ -132,6 +132,11 @@ func New(version string, src Source) *Metrics {
 	m.reg.MustRegister(m.opens, m.preemptions, m.latency, m.buildInfo, collector{m},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.buildInfo.Set(1)
+	// Every action's series exists from the start at 0, so that rate() and
+	// increase() see the first preemption of each kind.
+	for _, a := range []string{"kill", "reclaim", "deny"} {
+		m.preemptions.WithLabelValues(a)
+	}
 	return m
 }
 

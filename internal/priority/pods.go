@@ -36,6 +36,33 @@ type Pods struct {
 	store cache.Store
 }
 
+// ContainerName names a pod's container by its runtime id (as found in a
+// holder's cgroup), from the pod's status; "" when unknown.
+func (p *Pods) ContainerName(namespace, name, containerID string) string {
+	p.mu.Lock()
+	store := p.store
+	p.mu.Unlock()
+	if store == nil || containerID == "" {
+		return ""
+	}
+	obj, ok, err := store.GetByKey(namespace + "/" + name)
+	if err != nil || !ok {
+		return ""
+	}
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		return ""
+	}
+	for _, list := range [][]corev1.ContainerStatus{pod.Status.ContainerStatuses, pod.Status.InitContainerStatuses, pod.Status.EphemeralContainerStatuses} {
+		for _, c := range list {
+			if _, id, ok := strings.Cut(c.ContainerID, "://"); ok && id == containerID {
+				return c.Name
+			}
+		}
+	}
+	return ""
+}
+
 // Requesting returns the running pods of the node that ask for resource.
 func (p *Pods) Requesting(resource corev1.ResourceName) []*corev1.Pod {
 	p.mu.Lock()

@@ -333,7 +333,7 @@ func TestPrometheusSeesAPreemption(t *testing.T) {
 	gpuPod(t, "promhigh", "high", gpu)
 	lowPID := hold(t, holders, "promlow")
 	eventually(t, "prometheus shows the low pod holding GPU 0", 15*time.Second, func() bool {
-		return prom.value(t, `gpud_workload_gpu_holders{gpu="0",namespace="default",pod="promlow",priority="low"}`) == 1 &&
+		return prom.value(t, `gpud_workload_gpu_holders{gpu="0",namespace="default",pod="promlow",container="c",priority="low"}`) == 1 &&
 			prom.value(t, `gpud_gpu_holders{gpu="0",priority="low"}`) == 1
 	})
 
