@@ -186,6 +186,7 @@ DEMO_PIDS+=($!)
 
 "$GPUD" run --dev-dir "$DEV" --state-file "$T/state.json" --control-socket "$T/gpud.sock" \
 	--state-dir "$T/lib" --checkpoint-root "$T/checkpoints" --idle-after "${IDLE_AFTER}s" --log-level info \
+	--keep-enforcing=false \
 	</dev/null >"$T/gpud.log" 2>&1 &
 GPUD_PID=$!
 for ((i = 0; i < 150; i++)); do

@@ -146,6 +146,7 @@ func TestLendIdleGPUOnARealKubelet(t *testing.T) {
 			Preemptions []struct {
 				Action    string  `json:"action"`
 				LatencyMS float64 `json:"latency_ms"`
+				Result    string  `json:"result"`
 				Victim    struct {
 					PID int `json:"pid"`
 				} `json:"victim"`
@@ -155,7 +156,7 @@ func TestLendIdleGPUOnARealKubelet(t *testing.T) {
 			return false
 		}
 		for _, r := range st.Preemptions {
-			if r.Action == "kill" && r.Victim.PID == borrowerPID {
+			if r.Action == "kill" && r.Victim.PID == borrowerPID && r.Result == "done" {
 				t.Logf("gpud's record: owner's open → borrower dead in %.2f ms", r.LatencyMS)
 				if r.LatencyMS > 50 {
 					t.Errorf("borrower kill took %.2f ms", r.LatencyMS)
