@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -22,23 +21,6 @@ import (
 	"github.com/gpud/gpud/internal/status"
 	"github.com/gpud/gpud/internal/testutil"
 )
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // containerCgroup makes a cgroup named as Docker names a container's, so
 // that gpud sees its processes as in a container it does not know (their
@@ -134,7 +116,7 @@ func TestBinarySIGHUPReload(t *testing.T) {
 		"--docker-host", "none", "--cri-endpoint", "none", "--nvml", "off", "--node-name", "sighup-test",
 		"--bpf-pin-dir", "") // the gate goes with the process: nothing left pinned if the test fails
 	d.Env = append(os.Environ(), "GPUD_CONFIG="+cfgPath, "GPUD_PREEMPT_GRACE=1s", "KUBERNETES_SERVICE_HOST=")
-	logs := &lockedBuffer{}
+	logs := &testutil.Buffer{}
 	d.Stderr = logs
 	if err := d.Start(); err != nil {
 		t.Fatal(err)

@@ -1,7 +1,6 @@
 package daemon_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -20,30 +19,13 @@ import (
 	"github.com/gpud/gpud/internal/testutil"
 )
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 type env struct {
 	t     *testing.T
 	dir   string
 	gpus  []testutil.FakeGPU
 	cfg   daemon.Config
 	d     *daemon.Daemon
-	logs  *syncBuffer
+	logs  *testutil.Buffer
 	truth *occupancy.ProcFS
 	stop  func()
 }
@@ -52,7 +34,7 @@ type env struct {
 func newEnv(t *testing.T) *env {
 	devDir, gpus := testutil.MakeFakeGPUs(t, 2)
 	dir := t.TempDir()
-	e := &env{t: t, dir: dir, gpus: gpus, logs: &syncBuffer{}}
+	e := &env{t: t, dir: dir, gpus: gpus, logs: &testutil.Buffer{}}
 	e.cfg = daemon.Config{
 		DevDir: devDir, StateFile: filepath.Join(dir, "state.json"), StateDir: dir,
 		IdleAfter: time.Minute, NodeName: "test-node",

@@ -3,9 +3,9 @@
 package k8s
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
+	"github.com/gpud/gpud/internal/testutil"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -63,7 +63,7 @@ func TestOwnerActiveOnNVMLTakesLentGPUBack(t *testing.T) {
 	}
 
 	state := t.TempDir()
-	logs := &lockedBuffer{}
+	logs := &testutil.Buffer{}
 	d, err := daemon.New(daemon.Config{
 		DevDir: dev, StateFile: filepath.Join(state, "state.json"), StateDir: state,
 		IdleAfter: 2 * time.Second, NodeName: env(t, "NODE_NAME"), KubeConfig: env(t, "KUBECONFIG"),
@@ -121,22 +121,4 @@ func TestOwnerActiveOnNVMLTakesLentGPUBack(t *testing.T) {
 		return err != nil
 	})
 	waitHealth(t, health, "Unhealthy", 5*time.Second)
-}
-
-// lockedBuffer collects gpud's log from several goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
