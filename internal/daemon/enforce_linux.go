@@ -203,8 +203,9 @@ func (e *enforcer) opened(info occupancy.ProcInfo, gpu int, ev *bpf.Event) {
 	counts := e.d.ledger.Counts()[gpu]
 	switch info.Priority {
 	case occupancy.High:
-		if e.d.lender != nil {
+		if e.d.lender != nil && e.d.lender.isLent(gpu) {
 			e.d.lender.takeBack(gpu) // the borrower's later opens are refused again
+			counts = e.d.ledger.Counts()[gpu] // the borrower may have just been classified
 		}
 		if counts.Low > 0 {
 			e.preempt(gpu, info, e.lowHolders(gpu, fmt.Sprintf("a high-priority process opened GPU %d", gpu)), e.d.tracker.Wall(ev.Mono))

@@ -409,9 +409,21 @@ func (l *lender) activity(gpu int, pids []uint32) {
 // its owner is active on it again.
 func (l *lender) takeBack(gpu int) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	_, borrowed := l.borrowers[gpu]
 	_, pending := l.pending[gpu]
+	l.mu.Unlock()
+	if pending && !borrowed {
+		// The borrower can be running before PodResources was read since
+		// its admission (the tick is 1 s): read it now, so that the
+		// borrower is classified low and preempted with this take-back.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		l.refresh(ctx)
+		cancel()
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, borrowed = l.borrowers[gpu]
+	_, pending = l.pending[gpu]
 	if (borrowed || pending) && !l.takenBack[gpu] {
 		l.takenBack[gpu] = true
 		delete(l.pending, gpu)

@@ -44,6 +44,9 @@ func killRecords(t *testing.T, gp string) map[int]float64 {
 	return got
 }
 
+// (Its file sorts after lend_test.go: TestPodAdmittedBeforeRegistrationIsReported
+// must run before any test registers gpud.io/idle-gpu with this kubelet.)
+//
 // Repeated loans and take-backs, gpud in its DaemonSet pod (reclaim off, so
 // that the borrower stays to try again): each time the owner's open kills
 // the borrower's holder, gpud's record gives decision → victim confirmed
