@@ -204,7 +204,7 @@ func (e *enforcer) opened(info occupancy.ProcInfo, gpu int, ev *bpf.Event) {
 	switch info.Priority {
 	case occupancy.High:
 		if e.d.lender != nil && e.d.lender.isLent(gpu) {
-			e.d.lender.takeBack(gpu) // the borrower's later opens are refused again
+			e.d.lender.takeBack(gpu)          // the borrower's later opens are refused again
 			counts = e.d.ledger.Counts()[gpu] // the borrower may have just been classified
 		}
 		if counts.Low > 0 {

@@ -73,14 +73,7 @@ func TestPodAdmittedBeforeRegistrationIsReported(t *testing.T) {
 // a request for a GPU that is busy is refused.
 func TestLendIdleGPUOnARealKubelet(t *testing.T) {
 	dev, gpu := fakeGPU(t)
-	// The stand-in for NVIDIA's plugin: device "0" is the fake GPU.
-	ctx, cancel := context.WithCancel(context.Background())
-	standin := &deviceplugin.Plugin{ResourceName: "nvidia.com/gpu", KubeletDir: env(t, "DEVICE_PLUGINS_DIR"),
-		Endpoint: "test-nvidia.sock", Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
-		Backend: &deviceplugin.Static{Nodes: map[string]string{"0": gpu}, ContainerPath: map[string]string{"0": "/dev/nvidia0"}}}
-	done := make(chan struct{})
-	go func() { standin.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
+	startStandin(t, gpu)
 
 	root, _ := filepath.Abs("../..")
 	gp := deployLending(t, dev)
@@ -176,6 +169,20 @@ func TestLendIdleGPUOnARealKubelet(t *testing.T) {
 	if out := mustKubectl(t, "exec", "borrower2", "--", "ls", "/dev/nvidia0"); out != "/dev/nvidia0" {
 		t.Fatalf("borrower2's device after the restart: %q", out)
 	}
+}
+
+// startStandin serves a stand-in for NVIDIA's device plugin until the test
+// ends: resource nvidia.com/gpu, its device "0" the fake GPU node, through
+// which owner pods hold the GPU.
+func startStandin(t *testing.T, gpu string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	standin := &deviceplugin.Plugin{ResourceName: "nvidia.com/gpu", KubeletDir: env(t, "DEVICE_PLUGINS_DIR"),
+		Endpoint: "test-nvidia.sock", Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Backend: &deviceplugin.Static{Nodes: map[string]string{"0": gpu}, ContainerPath: map[string]string{"0": "/dev/nvidia0"}}}
+	done := make(chan struct{})
+	go func() { standin.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
 }
 
 // watchHealth follows gpud's ListAndWatch stream: the health of gpu-0.

@@ -3,10 +3,8 @@
 package k8s
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -15,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpud/gpud/internal/deviceplugin"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
 
@@ -60,13 +57,7 @@ func TestLendTakeBackLatency(t *testing.T) {
 		trials = n
 	}
 	dev, gpu := fakeGPU(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	standin := &deviceplugin.Plugin{ResourceName: "nvidia.com/gpu", KubeletDir: env(t, "DEVICE_PLUGINS_DIR"),
-		Endpoint: "test-nvidia.sock", Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
-		Backend: &deviceplugin.Static{Nodes: map[string]string{"0": gpu}, ContainerPath: map[string]string{"0": "/dev/nvidia0"}}}
-	done := make(chan struct{})
-	go func() { standin.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
+	startStandin(t, gpu)
 
 	podRes := filepath.Join(env(t, "KUBELET_ROOT"), "pod-resources")
 	gp := deployGpud(t, dev,

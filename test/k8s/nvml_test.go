@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"github.com/gpud/gpud/internal/testutil"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -17,7 +16,6 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
 	"github.com/gpud/gpud/internal/daemon"
-	"github.com/gpud/gpud/internal/deviceplugin"
 	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/preempt"
 )
@@ -30,14 +28,10 @@ import (
 // kubelet, its device manager, PodResources and the pods are real.
 func TestOwnerActiveOnNVMLTakesLentGPUBack(t *testing.T) {
 	dev, gpu := fakeGPU(t)
+	startStandin(t, gpu)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	t.Cleanup(func() { cancel(); wg.Wait() })
-	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	standin := &deviceplugin.Plugin{ResourceName: "nvidia.com/gpu", KubeletDir: env(t, "DEVICE_PLUGINS_DIR"),
-		Endpoint: "test-nvidia.sock", Log: logger,
-		Backend: &deviceplugin.Static{Nodes: map[string]string{"0": gpu}, ContainerPath: map[string]string{"0": "/dev/nvidia0"}}}
-	wg.Go(func() { standin.Run(ctx) })
 
 	// The mock: only device 0 (minor 229, the fake node's) ever reports a
 	// sample, and only once ownerActive holds the owner's host PID.
