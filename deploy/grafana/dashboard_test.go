@@ -6,6 +6,7 @@ package grafana
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/gpud/gpud/internal/testutil"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -223,7 +224,7 @@ func TestDashboardPromQLParses(t *testing.T) {
 	promtool, err := exec.LookPath("promtool")
 	if err != nil {
 		if os.Getenv("CI") == "" {
-			t.Skip("promtool not installed (make test installs Debian's prometheus)")
+			testutil.Skip(t, "promtool not installed (make test installs Debian's prometheus)")
 		}
 		t.Fatal("promtool not installed: scripts/deps.sh test installs it")
 	}
