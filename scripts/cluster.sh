@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/cluster.sh up|down|status|restart-kubelet [DIR] — a real one-node
+# scripts/cluster.sh up|down|status|restart-kubelet|restart-containerd [DIR] — a real one-node
 # Kubernetes cluster for gpud's tests, private to DIR.
 #
 # Why: gpud's Kubernetes side (device plugin registration, Allocate,
@@ -27,6 +27,7 @@
 #             cluster created, then DIR. Works after a failed or killed `up`.
 # status [DIR]            exit 0 all running, 1 something died, 3 not up.
 # restart-kubelet [DIR]   stop kubelet and start it again (same flags).
+# restart-containerd [DIR] the same for containerd (containers keep running).
 #
 # Without DIR, down/status/restart-kubelet use the cluster that is up
 # (recorded in /run/gpud-cluster.active). One cluster per machine: the ports
@@ -1111,17 +1112,24 @@ status() {
 	return "$rc"
 }
 
-restart_kubelet() {
-	pick_dir "${1:-}"
-	[[ -s $D/run/kubelet.cmd ]] || die "no kubelet command recorded in $D"
-	stop_comp kubelet 15
+# restart_comp NAME [DIR]: stop a component and start it again with the same
+# command line. Containers outlive a containerd restart (their shims run on),
+# and kubelet reconnects to containerd by itself.
+restart_comp() {
+	local name=$1
+	pick_dir "${2:-}"
+	[[ -s $D/run/$name.cmd ]] || die "no $name command recorded in $D"
+	stop_comp "$name" 15
 	local -a cmd
-	eval "cmd=($(<"$D/run/kubelet.cmd"))"
-	start kubelet "${cmd[@]}"
+	eval "cmd=($(<"$D/run/$name.cmd"))"
+	start "$name" "${cmd[@]}"
 	sleep 0.5
-	comp_pid kubelet >/dev/null || die "kubelet exited (log: $D/logs/kubelet.log)"
+	comp_pid "$name" >/dev/null || die "$name exited (log: $D/logs/$name.log)"
+	if [[ $name == containerd ]]; then
+		wait_until "containerd serving" 30 containerd ctr_ version
+	fi
 	write_env "$(awk '/^export NODE_NAME=/ { sub(/.*=/, ""); print }' "$D/env" 2>/dev/null)"
-	log "kubelet restarted (pid $(comp_pid kubelet))"
+	log "$name restarted (pid $(comp_pid "$name"))"
 }
 
 D=
@@ -1130,6 +1138,7 @@ case "${1:-}" in
 up) up "${2:-}" ;;
 down) down "${2:-}" ;;
 status) status "${2:-}" ;;
-restart-kubelet) restart_kubelet "${2:-}" ;;
-*) die "usage: $0 up|down|status|restart-kubelet [DIR]" ;;
+restart-kubelet) restart_comp kubelet "${2:-}" ;;
+restart-containerd) restart_comp containerd "${2:-}" ;;
+*) die "usage: $0 up|down|status|restart-kubelet|restart-containerd [DIR]" ;;
 esac

@@ -400,8 +400,70 @@ func (l *lender) activity(gpu int, pids []uint32) {
 		if len(victims) > 0 {
 			l.d.log.Info("owner active on its lent GPU: taking it back", "gpu", gpu, "owner", owner.String(), "pid", pid)
 			l.d.enforcer.preempt(gpu, info, victims, time.Now())
+		} else {
+			// reclaimTakenBack preempts the borrower once its class is known.
+			l.d.log.Debug("owner active on its lent GPU: no low holder yet", "gpu", gpu, "owner", owner.String(),
+				"holders", holderClasses(l.d.ledger.Holders(gpu)))
 		}
 		return
+	}
+}
+
+// holderClasses lists holders as pid/pod/class, for debug logs.
+func holderClasses(hs []occupancy.ProcInfo) []string {
+	out := make([]string, 0, len(hs))
+	for _, h := range hs {
+		out = append(out, fmt.Sprintf("%d/%s/%s", h.PID, h.PodUID, h.Priority))
+	}
+	return out
+}
+
+// reclaimTakenBack preempts whatever of a borrower still holds, beside its
+// owner, a GPU whose loan was taken back. The take-back itself preempts only the holders
+// classified low at that instant; a borrower whose class reached gpud
+// later (its pod seen by the informer, or PodResources listing it, after
+// the owner came back) would otherwise keep the GPU beside its owner.
+// Called every second and after each change of owners or borrowers; the
+// executor never kills a process twice.
+func (l *lender) reclaimTakenBack() {
+	type job struct {
+		gpu      int
+		owner    string
+		borrower string
+	}
+	var jobs []job
+	l.mu.Lock()
+	for gpu, taken := range l.takenBack {
+		if taken {
+			jobs = append(jobs, job{gpu, l.owners[gpu].UID, l.borrowers[gpu].UID})
+		}
+	}
+	l.mu.Unlock()
+	for _, j := range jobs {
+		reason := fmt.Sprintf("GPU %d was taken back by its owner", j.gpu)
+		var victims []preempt.Victim
+		var pre occupancy.ProcInfo // the owner's holder, else another high one
+		for _, h := range l.d.ledger.Holders(j.gpu) {
+			switch {
+			case j.owner != "" && h.PodUID == j.owner:
+				pre = h
+			case h.Priority == occupancy.High:
+				if pre.PID == 0 {
+					pre = h
+				}
+			case h.Priority == occupancy.Low || (j.borrower != "" && h.PodUID == j.borrower):
+				if v := l.d.enforcer.victim(h, reason); !l.d.enforcer.exec.Handled(v) {
+					victims = append(victims, v)
+				}
+			}
+		}
+		// Only against a holder of high priority: once the owner has let
+		// go, a low holder is the rules' to allow, not a loan to end.
+		if pre.PID == 0 || len(victims) == 0 {
+			continue
+		}
+		l.d.log.Info("borrower still holds a GPU taken back: preempting it", "gpu", j.gpu, "holders", len(victims))
+		l.d.enforcer.preempt(j.gpu, pre, victims, time.Now())
 	}
 }
 
@@ -474,6 +536,7 @@ func (l *lender) run(ctx context.Context) {
 		case <-t.C:
 			l.refresh(ctx)
 			l.changed()
+			l.reclaimTakenBack()
 		}
 	}
 }

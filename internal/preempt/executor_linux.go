@@ -41,6 +41,15 @@ type Executor struct {
 }
 
 // SetGrace changes Grace for the kills that start from now on (a reload).
+// Handled reports whether the victim is being killed or was killed
+// recently: Preempt would do nothing for it.
+func (e *Executor) Handled(v Victim) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	_, dead := e.dead[deadKey{v.PID, v.StartTime}]
+	return dead || e.killing[v.PID]
+}
+
 func (e *Executor) SetGrace(d time.Duration) {
 	e.mu.Lock()
 	e.Grace = d

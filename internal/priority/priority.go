@@ -319,6 +319,9 @@ func (r *Registry) Explain(info occupancy.ProcInfo) (w Workload, ok bool, class 
 	defer r.mu.Unlock()
 	raw, ok := r.lookupLocked(info)
 	if !ok {
+		if p, forced := r.overrides[info.PodUID]; forced && info.PodUID != "" {
+			return Workload{}, false, p, ReasonOverride
+		}
 		if info.ContainerID != "" || info.PodUID != "" {
 			return Workload{}, false, r.defLocked(), ReasonDefault
 		}
@@ -343,6 +346,17 @@ func (r *Registry) ClassifyProc(info *occupancy.ProcInfo) {
 	if w, ok := r.Lookup(*info); ok {
 		info.Priority = w.Priority
 		return
+	}
+	if info.PodUID != "" {
+		// A pod lending forced before gpud's informer saw it: the
+		// override is known from kubelet's PodResources alone.
+		r.mu.Lock()
+		p, ok := r.overrides[info.PodUID]
+		r.mu.Unlock()
+		if ok {
+			info.Priority = p
+			return
+		}
 	}
 	if info.ContainerID != "" || info.PodUID != "" {
 		info.Priority = r.def()

@@ -107,3 +107,29 @@ func TestClassifyProc(t *testing.T) {
 		}
 	}
 }
+
+// Lending forces a pod's class from kubelet's PodResources, which can list
+// a pod before the informer has put it: the override applies to its
+// processes all the same, and Explain says so.
+func TestOverrideOfAPodNotYetKnown(t *testing.T) {
+	r := &Registry{Default: occupancy.Unmanaged}
+	r.Override("borrower-uid", occupancy.Low)
+	info := occupancy.ProcInfo{PID: 7, PodUID: "borrower-uid", ContainerID: "c1"}
+	r.ClassifyProc(&info)
+	if info.Priority != occupancy.Low {
+		t.Fatalf("class = %q, want low (the override)", info.Priority)
+	}
+	if _, ok, class, reason := r.Explain(info); ok || class != occupancy.Low || reason != ReasonOverride {
+		t.Fatalf("Explain = ok %v, %q, %q; want not known, low, override", ok, class, reason)
+	}
+	other := occupancy.ProcInfo{PID: 8, PodUID: "other-uid"}
+	r.ClassifyProc(&other)
+	if other.Priority != occupancy.Unmanaged {
+		t.Fatalf("another unknown pod = %q, want the default", other.Priority)
+	}
+	r.Override("borrower-uid", "")
+	r.ClassifyProc(&info)
+	if info.Priority != occupancy.Unmanaged {
+		t.Fatalf("after the override is removed: %q, want the default", info.Priority)
+	}
+}

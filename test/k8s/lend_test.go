@@ -69,8 +69,9 @@ func TestPodAdmittedBeforeRegistrationIsReported(t *testing.T) {
 // Lending (claim 1) on the real kubelet, gpud in its DaemonSet pod: the
 // owner holds the GPU through a stand-in for nvidia.com/gpu and goes idle;
 // a borrower asking gpud.io/idle-gpu gets it with its env; the owner's open
-// kills the borrower and the GPU is listed Unhealthy; kubelet restarts;
-// a request for a GPU that is busy is refused.
+// kills the borrower and the GPU is listed Unhealthy; a request for a GPU
+// that is busy is refused; kubelet, then containerd, restart during a
+// second loan, and the owner still takes its GPU back.
 func TestLendIdleGPUOnARealKubelet(t *testing.T) {
 	dev, gpu := fakeGPU(t)
 	startStandin(t, gpu)
@@ -86,7 +87,6 @@ func TestLendIdleGPUOnARealKubelet(t *testing.T) {
 	resourcePod(t, "owner", "nvidia.com/gpu")
 	mustKubectl(t, "wait", "--for=condition=Ready", "pod/owner", "--timeout=60s")
 	ownerPID := hold(t, podHolders(t, gp), "owner")
-	_ = ownerPID
 	eventually(t, "the idle GPU is listed Healthy", 15*time.Second, func() bool { return allocatable(t, "gpud.io/idle-gpu") == "1" })
 
 	// A borrower gets it, with the device and the env inside.
@@ -168,6 +168,32 @@ func TestLendIdleGPUOnARealKubelet(t *testing.T) {
 	}
 	if out := mustKubectl(t, "exec", "borrower2", "--", "ls", "/dev/nvidia0"); out != "/dev/nvidia0" {
 		t.Fatalf("borrower2's device after the restart: %q", out)
+	}
+
+	// containerd restarts during the loan: the borrower runs on (its shim
+	// outlives containerd), gpud keeps the loan, and the owner's next open
+	// still takes the GPU back. No borrower is orphaned by the restarts of
+	// kubelet and containerd.
+	if out, err := exec.Command(filepath.Join(root, "scripts/cluster.sh"), "restart-containerd", env(t, "GPUD_CLUSTER_DIR")).CombinedOutput(); err != nil {
+		t.Fatalf("restart-containerd: %v %s", err, out)
+	}
+	if !alive(b2) {
+		t.Fatal("the running borrower lost its process across the containerd restart")
+	}
+	eventually(t, "the loan to borrower2 is still shown", 10*time.Second, func() bool {
+		out, _ := kubectl(t, "-n", "gpud-system", "exec", gp, "--", "/gpud", "status", "-o", "json")
+		return strings.Contains(out, `"state": "lent"`) && strings.Contains(out, `"borrower": "default/borrower2"`)
+	})
+	// kubelet reconnects to containerd by itself; exec works again then.
+	eventually(t, "the owner opens its GPU again", 30*time.Second, func() bool {
+		out, err := kubectl(t, "exec", "owner", "--", "sh", "-c", "exec 5<>/dev/nvidia0 && echo back")
+		return err == nil && out == "back"
+	})
+	eventually(t, "borrower2's process is dead", 10*time.Second, func() bool { return !alive(b2) })
+	eventually(t, "a kill record for borrower2", 10*time.Second, func() bool { _, ok := killRecords(t, gp)[b2]; return ok })
+	eventually(t, "borrower2 is evicted and gone", 30*time.Second, func() bool { _, err := kubectl(t, "get", "pod", "borrower2"); return err != nil })
+	if !alive(ownerPID) {
+		t.Fatal("the owner was harmed")
 	}
 }
 
