@@ -382,14 +382,20 @@ func TestBypassIOUringResync(t *testing.T) {
 	for _, pid := range pids {
 		eventually(t, "the io_uring holder is preempted", func() bool { return !alive(pid) })
 	}
-	var victims []int
-	for _, k := range records(e, preempt.ActionKill) {
-		if k.Result == "done" && k.Victim.ContainerID == low.id {
-			victims = append(victims, k.Victim.PID)
-		}
-	}
-	slices.Sort(victims)
+	// Records are journaled once each kill is confirmed, just after the
+	// holders are seen dead.
 	slices.Sort(pids)
+	var victims []int
+	eventually(t, "a kill record per io_uring holder", func() bool {
+		victims = victims[:0]
+		for _, k := range records(e, preempt.ActionKill) {
+			if k.Result == "done" && k.Victim.ContainerID == low.id {
+				victims = append(victims, k.Victim.PID)
+			}
+		}
+		slices.Sort(victims)
+		return slices.Equal(victims, pids)
+	})
 	if !slices.Equal(victims, pids) {
 		t.Fatalf("kill records name %v, want the io_uring holders %v", victims, pids)
 	}

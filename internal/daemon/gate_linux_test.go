@@ -332,7 +332,10 @@ func TestGateCheckpointAndResume(t *testing.T) {
 			t.Errorf("notice lacks %s:\n%s", want, b)
 		}
 	}
-	kills := records(e, preempt.ActionKill)
+	// The record is journaled once the kill is confirmed, just after the
+	// holder is seen dead.
+	var kills []preempt.Record
+	eventually(t, "the kill record", func() bool { kills = records(e, preempt.ActionKill); return len(kills) > 0 })
 	if len(kills) != 1 || kills[0].Signal != "SIGTERM" && kills[0].Signal != "SIGKILL" || kills[0].Victim.TaskID != "train-42" {
 		t.Fatalf("kill records: %+v", kills)
 	}
