@@ -92,7 +92,15 @@ func WriteStateFile(path string, f *StateFile) error {
 }
 
 // WriteAtomic replaces path with data atomically.
-func WriteAtomic(path string, data []byte) error {
+func WriteAtomic(path string, data []byte) error { return writeAtomic(path, data, true) }
+
+// WriteVisible replaces path atomically without waiting for the disk: a
+// reader sees the old or the new content, never a mix, but a crash of the
+// host may lose the write. For notices that must be visible at once and
+// are made durable later (WriteAtomic), off a latency-critical path.
+func WriteVisible(path string, data []byte) error { return writeAtomic(path, data, false) }
+
+func writeAtomic(path string, data []byte, durable bool) error {
 	dir := filepath.Dir(path)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("occupancy: creating %s: %w", dir, err)
@@ -110,15 +118,20 @@ func WriteAtomic(path string, data []byte) error {
 		tmp.Close()
 		return fmt.Errorf("occupancy: %w", err)
 	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return fmt.Errorf("occupancy: syncing %s: %w", tmp.Name(), err)
+	if durable {
+		if err := tmp.Sync(); err != nil {
+			tmp.Close()
+			return fmt.Errorf("occupancy: syncing %s: %w", tmp.Name(), err)
+		}
 	}
 	if err := tmp.Close(); err != nil {
 		return fmt.Errorf("occupancy: %w", err)
 	}
 	if err := os.Rename(tmp.Name(), path); err != nil {
 		return fmt.Errorf("occupancy: replacing %s: %w", path, err)
+	}
+	if !durable {
+		return nil
 	}
 	if d, err := os.Open(dir); err == nil {
 		d.Sync()

@@ -142,14 +142,23 @@ func (e *Executor) kill(ctx context.Context, gpu int, rule string, preemptor Par
 	if grace > 0 {
 		first = "SIGTERM"
 	}
-	if e.CheckpointRoot != "" && v.TaskID != "" {
-		// Before the kill, so that a task given a grace period finds it.
-		if _, err := WriteNotice(e.CheckpointRoot, Notice{
+	// The checkpoint notice (claim 6) is for the task's next start, and,
+	// with a grace period, for the task itself before it dies. It is never
+	// written durably before the kill: two fsyncs would put milliseconds
+	// (tens under I/O load) between the decision and the signal. With a
+	// grace period it is made visible first and durable after; without
+	// one the task cannot read it anyway, and it is written after the kill.
+	notice := e.CheckpointRoot != "" && v.TaskID != ""
+	writeNoticeWith := func(write func(string, Notice) (string, error)) {
+		if _, err := write(e.CheckpointRoot, Notice{
 			Time: rec.Time, GPU: gpu, Reason: rule, Signal: first, GraceSec: grace.Seconds(),
 			TaskID: v.TaskID, RecordID: rec.ID,
 		}); err != nil {
 			e.log().Warn("writing checkpoint notice", "task_id", v.TaskID, "error", err)
 		}
+	}
+	if notice && grace > 0 {
+		writeNoticeWith(writeNoticeVisible)
 	}
 	var verify []func(int) error
 	if e.Holds != nil {
@@ -174,6 +183,9 @@ func (e *Executor) kill(ctx context.Context, gpu int, rule string, preemptor Par
 	sig, err := Kill(e.ProcRoot, v.ProcInfo, grace, verify...)
 	rec.Signal = sig
 	rec.LatencyMS = float64(time.Since(decided).Microseconds()) / 1000
+	if notice && sig != "" { // signalled: not for a victim that moved or was gone
+		writeNoticeWith(WriteNotice)
+	}
 	switch {
 	case err == nil:
 		rec.Result = "done"
