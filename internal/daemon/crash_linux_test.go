@@ -317,18 +317,7 @@ func containsInt(s []int, v int) bool {
 // daemon to wait for (the campaign's gpud is a separate process).
 func startLabelled(t *testing.T, e *env, name string, labels ...string) *ctr {
 	t.Helper()
-	args := []string{"run", "-d", "--network", "none", "--name", name + "-" + fmt.Sprint(time.Now().UnixNano()%1e9),
-		"--device", e.gpus[0].Path + ":/dev/nvidia0", "--device", e.gpus[1].Path + ":/dev/nvidia1"}
-	for _, l := range labels {
-		args = append(args, "--label", l)
-	}
-	args = append(args, "gpud-test-busybox:latest", "sh", "-c", "trap 'exit 0' TERM; sleep 600 & wait")
-	out, err := exec.Command("docker", args...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("docker run: %v %s", err, out)
-	}
-	c := &ctr{t: t, e: e, id: strings.TrimSpace(string(out))}
-	t.Cleanup(func() { exec.Command("docker", "rm", "-f", c.id).Run() })
+	c := runContainer(t, e, name, labels...)
 	time.Sleep(500 * time.Millisecond) // the running gpud classifies it from Docker's event
 	return c
 }

@@ -42,8 +42,10 @@ type ctr struct {
 	id string
 }
 
-func (e *env) container(name string, labels ...string) *ctr {
-	e.t.Helper()
+// runContainer starts a labelled test container with the fake GPUs; it
+// does not wait for gpud to classify it.
+func runContainer(t *testing.T, e *env, name string, labels ...string) *ctr {
+	t.Helper()
 	args := []string{"run", "-d", "--network", "none", "--name", name + "-" + fmt.Sprint(time.Now().UnixNano()%1e9),
 		"--device", e.gpus[0].Path + ":/dev/nvidia0", "--device", e.gpus[1].Path + ":/dev/nvidia1"}
 	for _, l := range labels {
@@ -53,10 +55,16 @@ func (e *env) container(name string, labels ...string) *ctr {
 	args = append(args, "gpud-test-busybox:latest", "sh", "-c", "trap 'exit 0' TERM; sleep 600 & wait")
 	out, err := exec.Command("docker", args...).CombinedOutput()
 	if err != nil {
-		e.t.Fatalf("docker run: %v %s", err, out)
+		t.Fatalf("docker run: %v %s", err, out)
 	}
-	c := &ctr{t: e.t, e: e, id: strings.TrimSpace(string(out))}
-	e.t.Cleanup(func() { exec.Command("docker", "rm", "-f", c.id).Run() })
+	c := &ctr{t: t, e: e, id: strings.TrimSpace(string(out))}
+	t.Cleanup(func() { exec.Command("docker", "rm", "-f", c.id).Run() })
+	return c
+}
+
+func (e *env) container(name string, labels ...string) *ctr {
+	e.t.Helper()
+	c := runContainer(e.t, e, name, labels...)
 	// Classified (and its cgroup known to the gate) before any open.
 	deadline := time.Now().Add(5 * time.Second)
 	for {
