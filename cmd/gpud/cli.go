@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"time"
 
+	v1 "github.com/gpud/gpud/api/v1"
+
 	"github.com/gpud/gpud/internal/daemon"
 	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/status"
@@ -94,7 +96,7 @@ func cmdExplain(args []string) error {
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("explain: %s", strings.TrimSpace(string(body)))
 	}
-	var e status.Explanation
+	var e v1.Explanation
 	if err := json.Unmarshal(body, &e); err != nil {
 		return fmt.Errorf("explain: unreadable answer from gpud: %w", err)
 	}

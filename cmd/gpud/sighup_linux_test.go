@@ -16,9 +16,10 @@ import (
 	"testing"
 	"time"
 
+	v1 "github.com/gpud/gpud/api/v1"
+
 	"github.com/gpud/gpud/internal/cgroups"
 	"github.com/gpud/gpud/internal/occupancy"
-	"github.com/gpud/gpud/internal/status"
 	"github.com/gpud/gpud/internal/testutil"
 )
 
@@ -46,7 +47,7 @@ func containerCgroup(t *testing.T) string {
 	return dir
 }
 
-func waitState(t *testing.T, path, what string, ok func(*occupancy.StateFile) bool) *occupancy.StateFile {
+func waitState(t *testing.T, path, what string, ok func(*v1.StateFile) bool) *v1.StateFile {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -62,7 +63,7 @@ func waitState(t *testing.T, path, what string, ok func(*occupancy.StateFile) bo
 	}
 }
 
-func holderPriority(f *occupancy.StateFile, gpu, pid int) occupancy.Priority {
+func holderPriority(f *v1.StateFile, gpu, pid int) occupancy.Priority {
 	for _, h := range f.GPUs[gpu].Holders {
 		if h.PID == pid {
 			return h.Priority
@@ -135,7 +136,7 @@ func TestBinarySIGHUPReload(t *testing.T) {
 		}
 	})
 
-	waitState(t, stateFile, "started", func(f *occupancy.StateFile) bool {
+	waitState(t, stateFile, "started", func(f *v1.StateFile) bool {
 		return f.Node == "sighup-test" && holderPriority(f, 0, pid) == occupancy.Unmanaged && f.GPUs[0].State == occupancy.Busy
 	})
 	hup := func() {
@@ -171,7 +172,7 @@ func TestBinarySIGHUPReload(t *testing.T) {
 	// Reload: the holder becomes low at once, GPU 0 idle within a second or two.
 	writeCfg("version: v1\nidle-after: 1s\ndefault-priority: low\nreclaim: stop\n")
 	hup()
-	f := waitState(t, stateFile, "after SIGHUP", func(f *occupancy.StateFile) bool {
+	f := waitState(t, stateFile, "after SIGHUP", func(f *v1.StateFile) bool {
 		return holderPriority(f, 0, pid) == occupancy.Low && f.GPUs[0].State == occupancy.Idle
 	})
 	if f.GPUs[0].IdleSince == nil {
@@ -196,7 +197,7 @@ func TestBinarySIGHUPReload(t *testing.T) {
 		}
 	}
 	out, err = exec.Command(bin, "explain", "--control-socket", socket, "--pid", strconv.Itoa(pid), "-o", "json").Output()
-	var ex status.Explanation
+	var ex v1.Explanation
 	if err != nil || json.Unmarshal(out, &ex) != nil || ex.Priority != occupancy.Low || ex.ContainerID == "" {
 		t.Errorf("gpud explain -o json: %v %s", err, out)
 	}
@@ -232,7 +233,7 @@ func TestBinarySIGHUPReload(t *testing.T) {
 	// Monitoring off from the file.
 	writeCfg("version: v1\nidle-after: 1s\ndefault-priority: low\nmonitoring: false\n")
 	hup()
-	waitState(t, stateFile, "monitoring off", func(f *occupancy.StateFile) bool { return !f.Monitoring })
+	waitState(t, stateFile, "monitoring off", func(f *v1.StateFile) bool { return !f.Monitoring })
 
 	if err := d.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)

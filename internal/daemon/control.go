@@ -19,7 +19,7 @@ import (
 //
 //	GET  /v1/state             the state document, as in the state file
 //	POST /v1/monitoring?on=B   the switch of patent claim 2
-//	GET  /v1/explain?pid=N     which rule applies to process N now (status.Explanation)
+//	GET  /v1/explain?pid=N     which rule applies to process N now (v1.Explanation)
 type controlServer struct {
 	srv *http.Server
 	ln  net.Listener

@@ -16,6 +16,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	v1 "github.com/gpud/gpud/api/v1"
+
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/docker/docker/client"
 	"github.com/gpud/gpud/bpf"
@@ -216,8 +218,8 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	d.writer = &occupancy.Writer{
 		Path: cfg.StateFile, Node: cfg.NodeName, Ledger: d.ledger, Log: log,
 		Monitoring: d.monitoring.Load,
-		Preemptions: func() []occupancy.Preemption {
-			var out []occupancy.Preemption
+		Preemptions: func() []v1.RawPreemption {
+			var out []v1.RawPreemption
 			for _, r := range d.journal.Recent() {
 				if b, err := json.Marshal(r); err == nil {
 					out = append(out, b)

@@ -10,11 +10,12 @@ import (
 	"strings"
 	"time"
 
+	v1 "github.com/gpud/gpud/api/v1"
+
 	"github.com/gpud/gpud/internal/cgroups"
 	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/preempt"
 	"github.com/gpud/gpud/internal/priority"
-	"github.com/gpud/gpud/internal/status"
 )
 
 // ErrNoSuchProcess is returned by Explain for a PID with no process.
@@ -28,7 +29,7 @@ const reservedRule = "reserved for the earliest refused low-priority request: de
 // its class and why, the GPUs it holds, and for each GPU the verdict of
 // preempt.Decide (the enforcer's policy) given the GPU's other holders, its
 // loan and its reservation.
-func (d *Daemon) Explain(pid int) (*status.Explanation, error) {
+func (d *Daemon) Explain(pid int) (*v1.Explanation, error) {
 	info, err := d.tracker.Proc.Info(pid)
 	if err != nil {
 		if errors.Is(err, occupancy.ErrNoProcess) {
@@ -36,9 +37,9 @@ func (d *Daemon) Explain(pid int) (*status.Explanation, error) {
 		}
 		return nil, err
 	}
-	e := &status.Explanation{
+	e := &v1.Explanation{
 		PID: pid, Comm: info.Comm, CgroupID: info.CgroupID, ContainerID: info.ContainerID, PodUID: info.PodUID,
-		Monitoring: d.monitoring.Load(), Enforcing: d.cfg.Enforce, Holds: []int{}, GPUs: []status.ExplainGPU{},
+		Monitoring: d.monitoring.Load(), Enforcing: d.cfg.Enforce, Holds: []int{}, GPUs: []v1.ExplainGPU{},
 	}
 	cgPath := ""
 	if b, err := os.ReadFile(filepath.Join(d.tracker.Proc.Root, strconv.Itoa(pid), "cgroup")); err == nil {
@@ -50,7 +51,7 @@ func (d *Daemon) Explain(pid int) (*status.Explanation, error) {
 	w, known, class, reason := d.registry.Explain(info)
 	e.Priority, e.Reason = class, reason
 	if known {
-		e.Workload = &status.Workload{Namespace: w.Namespace, Name: w.Name, PodUID: w.PodUID,
+		e.Workload = &v1.Workload{Namespace: w.Namespace, Name: w.Name, PodUID: w.PodUID,
 			ContainerID: w.ContainerID, TaskID: w.TaskID, CgroupID: w.CgroupID}
 		switch {
 		case w.PodUID != "":
@@ -66,7 +67,7 @@ func (d *Daemon) Explain(pid int) (*status.Explanation, error) {
 
 	snap := d.ledger.Snapshot(time.Now())
 	for _, g := range snap.GPUs {
-		eg := status.ExplainGPU{Index: g.Index, State: g.State}
+		eg := v1.ExplainGPU{Index: g.Index, State: g.State}
 		var lows []int
 		for _, h := range g.Holders {
 			if h.PID == pid {
@@ -102,7 +103,7 @@ func (d *Daemon) Explain(pid int) (*status.Explanation, error) {
 
 // judge fills in the verdict for an open of g by a process of class, as the
 // gate and the enforcer would decide it now.
-func (d *Daemon) judge(g *status.ExplainGPU, class occupancy.Priority, lows []int, reservedOK bool) {
+func (d *Daemon) judge(g *v1.ExplainGPU, class occupancy.Priority, lows []int, reservedOK bool) {
 	if !d.monitoring.Load() || !d.cfg.Enforce {
 		g.Allow, g.Rule = true, "enforcement off: allow"
 		return

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 
+	v1 "github.com/gpud/gpud/api/v1"
+
 	"github.com/gpud/gpud/internal/daemon"
 	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/priority"
@@ -50,7 +52,7 @@ func TestExplainOverControlSocket(t *testing.T) {
 	lo := startHelper(t)
 	joinCgroup(t, ldir, lo.pid())
 	lo.doInt("open %s", e.gpus[1].Path)
-	waitStateFile(t, e.cfg.StateFile, func(f *occupancy.StateFile) bool {
+	waitStateFile(t, e.cfg.StateFile, func(f *v1.StateFile) bool {
 		return priorityOf(f, 0, hi.pid()) == occupancy.High && priorityOf(f, 1, lo.pid()) == occupancy.Low
 	})
 
@@ -58,7 +60,7 @@ func TestExplainOverControlSocket(t *testing.T) {
 	if code != http.StatusOK {
 		t.Fatalf("explain low: %d %s", code, body)
 	}
-	var ex status.Explanation
+	var ex v1.Explanation
 	if err := json.Unmarshal(body, &ex); err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +100,7 @@ func TestExplainOverControlSocket(t *testing.T) {
 	if code != http.StatusOK {
 		t.Fatalf("explain high: %d %s", code, body)
 	}
-	ex = status.Explanation{}
+	ex = v1.Explanation{}
 	json.Unmarshal(body, &ex)
 	if g := ex.GPUs[1]; ex.Priority != occupancy.High || !g.Allow || g.Rule != "low-held/high-opens: preempt" ||
 		len(g.Effects) != 1 || !strings.Contains(g.Effects[0], fmt.Sprintf("killed (pid %d)", lo.pid())) {
@@ -108,7 +110,7 @@ func TestExplainOverControlSocket(t *testing.T) {
 	// A host process: unmanaged, always allowed.
 	host := startHelper(t)
 	_, body = explainOver(t, e.cfg.ControlSocket, host.pid())
-	ex = status.Explanation{}
+	ex = v1.Explanation{}
 	json.Unmarshal(body, &ex)
 	if ex.Priority != occupancy.Unmanaged || ex.Reason != priority.ReasonHost || !ex.GPUs[0].Allow || ex.GPUs[0].Rule != "unmanaged opener: allow" {
 		t.Errorf("host process: %s", body)

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	v1 "github.com/gpud/gpud/api/v1"
+
 	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/preempt"
 	"github.com/gpud/gpud/internal/testutil"
@@ -184,7 +186,7 @@ func TestGateLowHeldHighOpens(t *testing.T) {
 	if r.Victim.PID != lowPID || r.Victim.ContainerID != low.id || r.Preemptor.ContainerID != high.id || r.GPU != 0 || r.Result != "done" {
 		t.Errorf("kill record: %+v", r)
 	}
-	waitStateFile(t, e.cfg.StateFile, func(f *occupancy.StateFile) bool {
+	waitStateFile(t, e.cfg.StateFile, func(f *v1.StateFile) bool {
 		for _, raw := range f.Preemptions {
 			var r preempt.Record
 			if json.Unmarshal(raw, &r) == nil && r.Action == preempt.ActionKill && r.Victim.PID == lowPID {
@@ -236,7 +238,7 @@ func TestGateSameClassShares(t *testing.T) {
 		}
 	}
 	e.settle("shared", all(holds(p1, 0, 3), holds(p2, 0, 3), holds(q1, 1, 3), holds(q2, 1, 3)))
-	f := waitStateFile(t, e.cfg.StateFile, func(f *occupancy.StateFile) bool {
+	f := waitStateFile(t, e.cfg.StateFile, func(f *v1.StateFile) bool {
 		return len(f.GPUs[0].Holders) >= 2 && len(f.GPUs[1].Holders) >= 2
 	})
 	for _, g := range f.GPUs {

@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	v1 "github.com/gpud/gpud/api/v1"
+
 	"github.com/gpud/gpud/internal/deviceplugin"
 	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/preempt"
@@ -508,7 +510,7 @@ func (l *lender) isLent(gpu int) bool {
 }
 
 // decorate shows loans in the state file: state lent, owner, borrower.
-func (l *lender) decorate(f *occupancy.StateFile) {
+func (l *lender) decorate(f *v1.StateFile) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for i := range f.GPUs {

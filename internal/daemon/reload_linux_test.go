@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	v1 "github.com/gpud/gpud/api/v1"
+
 	"github.com/gpud/gpud/internal/cgroups"
 	"github.com/gpud/gpud/internal/daemon"
 	"github.com/gpud/gpud/internal/occupancy"
@@ -56,7 +58,7 @@ func tryOpen(h *helper, path string) string {
 	return "ok"
 }
 
-func priorityOf(f *occupancy.StateFile, gpu, pid int) occupancy.Priority {
+func priorityOf(f *v1.StateFile, gpu, pid int) occupancy.Priority {
 	for _, h := range f.GPUs[gpu].Holders {
 		if h.PID == pid {
 			return h.Priority
@@ -92,7 +94,7 @@ func TestReloadAppliesAtRunTime(t *testing.T) {
 	lo := startHelper(t)
 	joinCgroup(t, ddir, lo.pid())
 	lo.doInt("open %s", e.gpus[1].Path)
-	waitStateFile(t, e.cfg.StateFile, func(f *occupancy.StateFile) bool {
+	waitStateFile(t, e.cfg.StateFile, func(f *v1.StateFile) bool {
 		return priorityOf(f, 1, lo.pid()) == occupancy.Unmanaged && f.GPUs[1].State == occupancy.Busy
 	})
 	if got := tryOpen(lo, e.gpus[0].Path); got != "ok" {
@@ -106,12 +108,12 @@ func TestReloadAppliesAtRunTime(t *testing.T) {
 		t.Errorf("registry default %q", got)
 	}
 	// The holder is low now, and the gate refuses its open of the high-held GPU.
-	waitStateFile(t, e.cfg.StateFile, func(f *occupancy.StateFile) bool { return priorityOf(f, 1, lo.pid()) == occupancy.Low })
+	waitStateFile(t, e.cfg.StateFile, func(f *v1.StateFile) bool { return priorityOf(f, 1, lo.pid()) == occupancy.Low })
 	if got := tryOpen(lo, e.gpus[0].Path); got != "operation not permitted" {
 		t.Errorf("low open of a high-held GPU after the reload: %s", got)
 	}
 	// idle-after 1s: GPU 1 (no activity since its open) goes idle.
-	f := waitStateFile(t, e.cfg.StateFile, func(f *occupancy.StateFile) bool { return f.GPUs[1].State == occupancy.Idle })
+	f := waitStateFile(t, e.cfg.StateFile, func(f *v1.StateFile) bool { return f.GPUs[1].State == occupancy.Idle })
 	if f.GPUs[1].IdleSince == nil {
 		t.Error("idle without idle_since")
 	}
@@ -120,12 +122,12 @@ func TestReloadAppliesAtRunTime(t *testing.T) {
 	if err := e.d.Reload(daemon.Reloadable{IdleAfter: time.Second, DefaultPriority: occupancy.Low, Monitoring: &off}); err != nil {
 		t.Fatal(err)
 	}
-	waitStateFile(t, e.cfg.StateFile, func(f *occupancy.StateFile) bool { return !f.Monitoring })
+	waitStateFile(t, e.cfg.StateFile, func(f *v1.StateFile) bool { return !f.Monitoring })
 	on := true
 	if err := e.d.Reload(daemon.Reloadable{IdleAfter: time.Second, DefaultPriority: occupancy.Unmanaged, Monitoring: &on}); err != nil {
 		t.Fatal(err)
 	}
-	waitStateFile(t, e.cfg.StateFile, func(f *occupancy.StateFile) bool {
+	waitStateFile(t, e.cfg.StateFile, func(f *v1.StateFile) bool {
 		return f.Monitoring && priorityOf(f, 1, lo.pid()) == occupancy.Unmanaged
 	})
 

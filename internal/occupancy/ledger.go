@@ -5,27 +5,31 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	v1 "github.com/gpud/gpud/api/v1"
 )
 
-// Priority is a holder's class. Until a classifier is configured every
-// holder is Unclassified.
-type Priority string
+// Priority is a holder's class (a wire type: api/v1). Until a classifier
+// is configured every holder is Unclassified.
+type Priority = v1.Priority
 
+// The classes of a holder.
 const (
-	High         Priority = "high"
-	Low          Priority = "low"
-	Unmanaged    Priority = "unmanaged"
-	Unclassified Priority = "unclassified"
+	High         = v1.High
+	Low          = v1.Low
+	Unmanaged    = v1.Unmanaged
+	Unclassified = v1.Unclassified
 )
 
-// State is a GPU's occupancy state.
-type State string
+// State is a GPU's occupancy state (a wire type: api/v1).
+type State = v1.State
 
+// The states of a GPU.
 const (
-	Free State = "free" // no holder
-	Busy State = "busy" // holders, active within idle-after
-	Idle State = "idle" // holders, no activity for idle-after
-	Lent State = "lent" // lent to a borrower through the device plugin
+	Free = v1.Free // no holder
+	Busy = v1.Busy // holders, active within idle-after
+	Idle = v1.Idle // holders, no activity for idle-after
+	Lent = v1.Lent // lent to a borrower through the device plugin
 )
 
 // GPU is one physical GPU as gpud tracks it.

@@ -6,61 +6,21 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"time"
-)
 
-// StateVersion is the state file's schema version.
-const StateVersion = 1
+	v1 "github.com/gpud/gpud/api/v1"
+)
 
 // ErrBadStateFile is returned for a state file that is not one gpud wrote.
 var ErrBadStateFile = errors.New("occupancy: unreadable state file")
 
-// StateFile is the JSON document at --state-file. Field names are a contract
-// other tools rely on.
-type StateFile struct {
-	Version     int          `json:"version"`
-	Node        string       `json:"node"`
-	UpdatedAt   time.Time    `json:"updated_at"`
-	Monitoring  bool         `json:"monitoring"`
-	GPUs        []StateGPU   `json:"gpus"`
-	Preemptions []Preemption `json:"preemptions"`
-}
-
-// StateGPU is one GPU in the state file.
-type StateGPU struct {
-	Index     int           `json:"index"`
-	UUID      string        `json:"uuid"`
-	Device    string        `json:"device"`
-	State     State         `json:"state"`
-	IdleSince *time.Time    `json:"idle_since"` // last activity, set while idle
-	Owner     string        `json:"owner"`
-	Borrower  string        `json:"borrower"`
-	Holders   []StateHolder `json:"holders"`
-}
-
-// StateHolder is one process holding a GPU.
-type StateHolder struct {
-	PID         int       `json:"pid"`
-	Comm        string    `json:"comm"`
-	CgroupID    uint64    `json:"cgroup_id"`
-	ContainerID string    `json:"container_id"`
-	PodUID      string    `json:"pod_uid"`
-	Priority    Priority  `json:"priority"`
-	OpenedAt    time.Time `json:"opened_at"`
-	FDs         int       `json:"fds"`
-}
-
-// Preemption is a record of a preemption (filled in by the preempt package).
-type Preemption = json.RawMessage
-
 // Render turns a snapshot into the state file document.
-func Render(s Snapshot, node string, monitoring bool) StateFile {
-	f := StateFile{
-		Version: StateVersion, Node: node, UpdatedAt: s.Taken.UTC(), Monitoring: monitoring,
-		GPUs: []StateGPU{}, Preemptions: []Preemption{},
+func Render(s Snapshot, node string, monitoring bool) v1.StateFile {
+	f := v1.StateFile{
+		Version: v1.StateVersion, Node: node, UpdatedAt: s.Taken.UTC(), Monitoring: monitoring,
+		GPUs: []v1.StateGPU{}, Preemptions: []v1.RawPreemption{},
 	}
 	for _, g := range s.GPUs {
-		sg := StateGPU{Index: g.Index, UUID: g.UUID, Device: g.Device, State: g.State, Holders: []StateHolder{}}
+		sg := v1.StateGPU{Index: g.Index, UUID: g.UUID, Device: g.Device, State: g.State, Holders: []v1.StateHolder{}}
 		if g.State == Idle {
 			t := g.LastActive.UTC()
 			sg.IdleSince = &t
@@ -70,7 +30,7 @@ func Render(s Snapshot, node string, monitoring bool) StateFile {
 			if pr == "" {
 				pr = Unclassified
 			}
-			sg.Holders = append(sg.Holders, StateHolder{
+			sg.Holders = append(sg.Holders, v1.StateHolder{
 				PID: h.PID, Comm: h.Comm, CgroupID: h.CgroupID, ContainerID: h.ContainerID,
 				PodUID: h.PodUID, Priority: pr, OpenedAt: h.OpenedAt.UTC(), FDs: len(h.FDs),
 			})
@@ -83,7 +43,7 @@ func Render(s Snapshot, node string, monitoring bool) StateFile {
 // WriteStateFile writes f to path atomically: a temporary file in the same
 // directory, fsync, rename, fsync of the directory. Readers see the old or
 // the new document, never a part.
-func WriteStateFile(path string, f *StateFile) error {
+func WriteStateFile(path string, f *v1.StateFile) error {
 	b, err := json.MarshalIndent(f, "", "  ")
 	if err != nil {
 		return fmt.Errorf("occupancy: encoding state: %w", err)
@@ -141,7 +101,7 @@ func writeAtomic(path string, data []byte, durable bool) error {
 }
 
 // ReadStateFile reads and validates a state file.
-func ReadStateFile(path string) (*StateFile, error) {
+func ReadStateFile(path string) (*v1.StateFile, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
@@ -150,13 +110,13 @@ func ReadStateFile(path string) (*StateFile, error) {
 }
 
 // ParseStateFile validates a state file's content.
-func ParseStateFile(b []byte) (*StateFile, error) {
-	var f StateFile
+func ParseStateFile(b []byte) (*v1.StateFile, error) {
+	var f v1.StateFile
 	if err := json.Unmarshal(b, &f); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadStateFile, err)
 	}
-	if f.Version != StateVersion {
-		return nil, fmt.Errorf("%w: version %d, this gpud reads version %d", ErrBadStateFile, f.Version, StateVersion)
+	if f.Version != v1.StateVersion {
+		return nil, fmt.Errorf("%w: version %d, this gpud reads version %d", ErrBadStateFile, f.Version, v1.StateVersion)
 	}
 	for i, g := range f.GPUs {
 		switch g.State {

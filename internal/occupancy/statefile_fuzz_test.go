@@ -6,11 +6,13 @@ import (
 	"errors"
 	"reflect"
 	"testing"
+
+	v1 "github.com/gpud/gpud/api/v1"
 )
 
 func FuzzParseStateFile(f *testing.F) {
 	doc := Render(sampleSnapshot(), "node-a", true)
-	doc.Preemptions = []Preemption{json.RawMessage(`{"pid":100,"gpu":1}`)}
+	doc.Preemptions = []v1.RawPreemption{json.RawMessage(`{"pid":100,"gpu":1}`)}
 	valid, err := json.MarshalIndent(doc, "", "  ")
 	if err != nil {
 		f.Fatal(err)
@@ -52,7 +54,7 @@ func FuzzParseStateFile(f *testing.F) {
 		}
 		// What parses is a document gpud could have written: this version,
 		// known states, holders with a pid.
-		if f1.Version != StateVersion {
+		if f1.Version != v1.StateVersion {
 			t.Fatalf("accepted version %d", f1.Version)
 		}
 		for i, g := range f1.GPUs {

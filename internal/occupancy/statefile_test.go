@@ -13,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	v1 "github.com/gpud/gpud/api/v1"
 )
 
 const ctrID = "3f1c2d4e5b6a7980a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718"
@@ -51,20 +53,20 @@ func TestRender(t *testing.T) {
 	s := sampleSnapshot()
 	f := Render(s, "node-a", true)
 	utc := func(d time.Duration) time.Time { return s.Taken.Add(d).UTC() }
-	want := StateFile{
+	want := v1.StateFile{
 		Version: 1, Node: "node-a", UpdatedAt: utc(0), Monitoring: true,
-		GPUs: []StateGPU{
-			{Index: 0, UUID: "GPU-aaa", Device: "/dev/nvidia0", State: Free, Holders: []StateHolder{}},
-			{Index: 1, UUID: "GPU-bbb", Device: "/dev/nvidia1", State: Busy, Holders: []StateHolder{
+		GPUs: []v1.StateGPU{
+			{Index: 0, UUID: "GPU-aaa", Device: "/dev/nvidia0", State: Free, Holders: []v1.StateHolder{}},
+			{Index: 1, UUID: "GPU-bbb", Device: "/dev/nvidia1", State: Busy, Holders: []v1.StateHolder{
 				{PID: 100, Comm: "python3", CgroupID: 77, ContainerID: ctrID, PodUID: "1a2b3c4d-0000-1111-2222-333344445555",
 					Priority: Unclassified, OpenedAt: utc(-time.Hour), FDs: 3},
 				{PID: 200, Comm: "nvidia-smi", Priority: High, OpenedAt: utc(-time.Minute), FDs: 1},
 			}},
-			{Index: 2, Device: "/dev/nvidia2", State: Idle, IdleSince: ptr(utc(-10 * time.Minute)), Holders: []StateHolder{
+			{Index: 2, Device: "/dev/nvidia2", State: Idle, IdleSince: ptr(utc(-10 * time.Minute)), Holders: []v1.StateHolder{
 				{PID: 300, Comm: "sleeper", Priority: Low, OpenedAt: utc(-2 * time.Hour), FDs: 1},
 			}},
 		},
-		Preemptions: []Preemption{},
+		Preemptions: []v1.RawPreemption{},
 	}
 	if !reflect.DeepEqual(f, want) {
 		got, _ := json.MarshalIndent(f, "", " ")
@@ -136,7 +138,7 @@ func TestRenderJSONText(t *testing.T) {
 // TestStateFileFieldNames pins the JSON names other tools read.
 func TestStateFileFieldNames(t *testing.T) {
 	f := Render(sampleSnapshot(), "node-a", true)
-	f.Preemptions = []Preemption{json.RawMessage(`{"pid":1}`)}
+	f.Preemptions = []v1.RawPreemption{json.RawMessage(`{"pid":1}`)}
 	b, err := json.Marshal(f)
 	if err != nil {
 		t.Fatal(err)
@@ -227,7 +229,7 @@ func TestWriteReadStateFile(t *testing.T) {
 
 	// Overwrite with another document: the new one is read back.
 	f2 := Render(Snapshot{Taken: t0}, "node-b", false)
-	f2.Preemptions = []Preemption{json.RawMessage(`{"victim":1}`)}
+	f2.Preemptions = []v1.RawPreemption{json.RawMessage(`{"victim":1}`)}
 	if err := WriteStateFile(path, &f2); err != nil {
 		t.Fatal(err)
 	}
@@ -291,7 +293,7 @@ func TestWriteAtomicFailureLeavesNoTemp(t *testing.T) {
 // loop: the reader must never see a partial document.
 func TestWriteStateFileAtomic(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "state.json")
-	render := func(i int) StateFile {
+	render := func(i int) v1.StateFile {
 		s := sampleSnapshot()
 		// Vary the size so that a torn read could not look whole.
 		s.GPUs = s.GPUs[:1+i%3]
@@ -366,8 +368,8 @@ func TestParseStateFileRejects(t *testing.T) {
 	if _, err := ParseStateFile(valid); err != nil {
 		t.Fatalf("valid file rejected: %v", err)
 	}
-	mutate := func(f func(*StateFile)) []byte {
-		var c StateFile
+	mutate := func(f func(*v1.StateFile)) []byte {
+		var c v1.StateFile
 		if err := json.Unmarshal(valid, &c); err != nil {
 			t.Fatal(err)
 		}
@@ -390,13 +392,13 @@ func TestParseStateFileRejects(t *testing.T) {
 		{"not an object", []byte(`[1,2,3]`)},
 		{"null", []byte(`null`)},
 		{"empty object", []byte(`{}`)},
-		{"version 2", mutate(func(f *StateFile) { f.Version = 2 })},
-		{"version 0", mutate(func(f *StateFile) { f.Version = 0 })},
+		{"version 2", mutate(func(f *v1.StateFile) { f.Version = 2 })},
+		{"version 0", mutate(func(f *v1.StateFile) { f.Version = 0 })},
 		{"version as string", []byte(`{"version":"1","gpus":[]}`)},
-		{"bad state", mutate(func(f *StateFile) { f.GPUs[1].State = "sleepy" })},
-		{"empty state", mutate(func(f *StateFile) { f.GPUs[0].State = "" })},
-		{"holder pid 0", mutate(func(f *StateFile) { f.GPUs[1].Holders[1].PID = 0 })},
-		{"holder pid negative", mutate(func(f *StateFile) { f.GPUs[2].Holders[0].PID = -4 })},
+		{"bad state", mutate(func(f *v1.StateFile) { f.GPUs[1].State = "sleepy" })},
+		{"empty state", mutate(func(f *v1.StateFile) { f.GPUs[0].State = "" })},
+		{"holder pid 0", mutate(func(f *v1.StateFile) { f.GPUs[1].Holders[1].PID = 0 })},
+		{"holder pid negative", mutate(func(f *v1.StateFile) { f.GPUs[2].Holders[0].PID = -4 })},
 		{"bad time", bytes.Replace(valid, []byte(`"updated_at":"2025`), []byte(`"updated_at":"x2025`), 1)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -412,7 +414,7 @@ func TestParseStateFileRejects(t *testing.T) {
 
 	// Every state is accepted, lent included.
 	for _, st := range []State{Free, Busy, Idle, Lent} {
-		b := mutate(func(f *StateFile) { f.GPUs[0].State = st })
+		b := mutate(func(f *v1.StateFile) { f.GPUs[0].State = st })
 		if _, err := ParseStateFile(b); err != nil {
 			t.Errorf("state %s rejected: %v", st, err)
 		}

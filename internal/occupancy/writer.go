@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	v1 "github.com/gpud/gpud/api/v1"
 )
 
 // Writer keeps the state file in step with the ledger. Changes that arrive
@@ -16,9 +18,9 @@ type Writer struct {
 	Ledger     *Ledger
 	Monitoring func() bool
 	// Preemptions, when set, supplies the state file's preemptions[].
-	Preemptions func() []Preemption
+	Preemptions func() []v1.RawPreemption
 	// Decorate, when set, adds what the ledger does not know (loans).
-	Decorate func(*StateFile)
+	Decorate func(*v1.StateFile)
 	Log      *slog.Logger
 
 	kick    chan struct{}

@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	v1 "github.com/gpud/gpud/api/v1"
 )
 
 // startWriter runs w until the test ends and waits for Run to return.
@@ -57,7 +59,7 @@ func isClosed(ch <-chan struct{}) bool {
 }
 
 // waitFile waits until path exists and parses.
-func waitFile(t *testing.T, path string) *StateFile {
+func waitFile(t *testing.T, path string) *v1.StateFile {
 	t.Helper()
 	deadline := time.Now().Add(2 * time.Second)
 	for {
@@ -121,7 +123,7 @@ func TestWriterFinalWriteOnCancel(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "state.json")
 	l := NewLedger(testGPUs(1), time.Hour)
 	w := &Writer{Path: path, Node: "n", Ledger: l,
-		Preemptions: func() []Preemption { return []Preemption{Preemption(`{"pid":7}`)} }}
+		Preemptions: func() []v1.RawPreemption { return []v1.RawPreemption{v1.RawPreemption(`{"pid":7}`)} }}
 	// No change hook: only the initial and the final write happen.
 	cancel := startWriter(t, w)
 	waitFile(t, path)
@@ -152,7 +154,7 @@ func TestWriterCoalesces(t *testing.T) {
 	l := NewLedger(testGPUs(2), time.Hour)
 	var writes atomic.Int64
 	gate := make(chan struct{})
-	w := &Writer{Path: path, Ledger: l, Preemptions: func() []Preemption {
+	w := &Writer{Path: path, Ledger: l, Preemptions: func() []v1.RawPreemption {
 		n := writes.Add(1)
 		if n == 2 {
 			<-gate // the write of the first change blocks here
@@ -214,7 +216,7 @@ func TestWriterCoalescesFreeRunning(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "state.json")
 	l := NewLedger(testGPUs(4), time.Hour)
 	var writes atomic.Int64
-	w := &Writer{Path: path, Node: "n", Ledger: l, Preemptions: func() []Preemption { writes.Add(1); return nil }}
+	w := &Writer{Path: path, Node: "n", Ledger: l, Preemptions: func() []v1.RawPreemption { writes.Add(1); return nil }}
 	l.OnChange(w.Kick)
 	startWriter(t, w)
 

@@ -12,40 +12,24 @@ import (
 	"sync"
 	"time"
 
+	v1 "github.com/gpud/gpud/api/v1"
+
 	"github.com/gpud/gpud/internal/occupancy"
 )
 
-// Party is one side of a preemption.
-type Party struct {
-	PID         int    `json:"pid,omitempty"`
-	Comm        string `json:"comm,omitempty"`
-	ContainerID string `json:"container_id,omitempty"`
-	PodUID      string `json:"pod_uid,omitempty"`
-	TaskID      string `json:"task_id,omitempty"`
-	CgroupID    uint64 `json:"cgroup_id,omitempty"`
-}
+// Party is one side of a preemption (a wire type: api/v1).
+type Party = v1.Party
 
 // Actions recorded.
 const (
-	ActionKill    = "kill"    // a low-priority holder was killed
-	ActionDeny    = "deny"    // a low-priority open was refused
-	ActionReclaim = "reclaim" // a container was reclaimed (stopped/removed)
+	ActionKill    = v1.ActionKill
+	ActionDeny    = v1.ActionDeny
+	ActionReclaim = v1.ActionReclaim
 )
 
-// Record is one preemption, as journaled and shown in the state file.
-type Record struct {
-	ID        string     `json:"id"`
-	Time      time.Time  `json:"time"`
-	GPU       int        `json:"gpu"`
-	Action    string     `json:"action"`
-	Rule      string     `json:"rule,omitempty"`
-	Victim    Party      `json:"victim"`
-	Preemptor Party      `json:"preemptor"`
-	Signal    string     `json:"signal,omitempty"`
-	LatencyMS float64    `json:"latency_ms,omitempty"` // decision → victim confirmed dead
-	Result    string     `json:"result"`               // done, gone, or the error
-	ResumedAt *time.Time `json:"resumed_at,omitempty"` // claim 6: the task opened a GPU again
-}
+// Record is one preemption, as journaled and shown in the state file (a
+// wire type: api/v1).
+type Record = v1.Preemption
 
 // Journal is the durable record of preemptions: JSON lines appended to a
 // file under --state-dir, fsync'ed. A record updated later (resumed) is

@@ -4,10 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	cerrdefs "github.com/containerd/errdefs"
 	"log/slog"
 	"sync"
 	"time"
+
+	cerrdefs "github.com/containerd/errdefs"
 
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/client"

@@ -3,11 +3,12 @@ package priority
 import (
 	"context"
 	"fmt"
-	cerrdefs "github.com/containerd/errdefs"
 	"log/slog"
 	"path/filepath"
 	"strings"
 	"time"
+
+	cerrdefs "github.com/containerd/errdefs"
 
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/events"

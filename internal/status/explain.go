@@ -5,55 +5,11 @@ import (
 	"io"
 	"strings"
 
-	"github.com/gpud/gpud/internal/occupancy"
+	v1 "github.com/gpud/gpud/api/v1"
 )
 
-// Explanation is which rule applies to one process now: the answer of the
-// control socket's GET /v1/explain?pid=N, shown by `gpud explain`.
-type Explanation struct {
-	PID         int                `json:"pid"`
-	Comm        string             `json:"comm"`
-	Cgroup      string             `json:"cgroup"` // cgroup v2 path
-	CgroupID    uint64             `json:"cgroup_id"`
-	ContainerID string             `json:"container_id,omitempty"`
-	PodUID      string             `json:"pod_uid,omitempty"`
-	Workload    *Workload          `json:"workload,omitempty"` // nil: gpud knows no workload for it
-	Priority    occupancy.Priority `json:"priority"`
-	Reason      string             `json:"reason"` // label | override | default | host
-	Why         string             `json:"why"`    // the reason in words
-	Monitoring  bool               `json:"monitoring"`
-	Enforcing   bool               `json:"enforcing"`
-	Holds       []int              `json:"holds"` // GPUs it holds, by index
-	GPUs        []ExplainGPU       `json:"gpus"`
-}
-
-// Workload is the container or pod a process belongs to, as gpud knows it.
-type Workload struct {
-	Kind        string `json:"kind"` // pod | container | cgroup
-	Namespace   string `json:"namespace,omitempty"`
-	Name        string `json:"name,omitempty"`
-	PodUID      string `json:"pod_uid,omitempty"`
-	ContainerID string `json:"container_id,omitempty"`
-	TaskID      string `json:"task_id,omitempty"`
-	CgroupID    uint64 `json:"cgroup_id,omitempty"`
-}
-
-// ExplainGPU is what would happen if the process opened one GPU now.
-type ExplainGPU struct {
-	Index       int             `json:"index"`
-	State       occupancy.State `json:"state"`
-	Holds       bool            `json:"holds"`        // the process holds it already
-	HighHolders int             `json:"high_holders"` // other processes, by class
-	LowHolders  int             `json:"low_holders"`
-	Lent        bool            `json:"lent"`
-	ReservedFor uint64          `json:"reserved_for,omitempty"` // cgroup id of the earliest refused request
-	Allow       bool            `json:"allow"`
-	Rule        string          `json:"rule"`
-	Effects     []string        `json:"effects,omitempty"` // what the verdict sets off
-}
-
 // RenderExplain writes an explanation for people.
-func RenderExplain(w io.Writer, e *Explanation) error {
+func RenderExplain(w io.Writer, e *v1.Explanation) error {
 	var b strings.Builder
 	// Names come from processes and the API server: printable only.
 	fmt.Fprintf(&b, "pid %d (%s)", e.PID, orDash(e.Comm))

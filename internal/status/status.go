@@ -12,6 +12,8 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	v1 "github.com/gpud/gpud/api/v1"
+
 	"github.com/gpud/gpud/internal/occupancy"
 )
 
@@ -21,7 +23,7 @@ const Width = 80
 // Render writes a table of GPUs and their holders, the lent GPUs and the
 // last preemptions, each line at most Width columns: long names end in an
 // ellipsis (-o json has them whole).
-func Render(out io.Writer, f *occupancy.StateFile, now time.Time) error {
+func Render(out io.Writer, f *v1.StateFile, now time.Time) error {
 	var w bytes.Buffer
 	mon := "on"
 	if !f.Monitoring {
@@ -61,8 +63,8 @@ func Render(out io.Writer, f *occupancy.StateFile, now time.Time) error {
 }
 
 // renderLoans lists the GPUs lent to a borrower, with their owners.
-func renderLoans(w io.Writer, gpus []occupancy.StateGPU) error {
-	var lent []occupancy.StateGPU
+func renderLoans(w io.Writer, gpus []v1.StateGPU) error {
+	var lent []v1.StateGPU
 	for _, g := range gpus {
 		if g.Borrower != "" || g.State == occupancy.Lent {
 			lent = append(lent, g)
@@ -114,7 +116,7 @@ type recordParty struct {
 }
 
 // renderPreemptions shows the last few preemptions, newest first.
-func renderPreemptions(w io.Writer, raw []occupancy.Preemption, now time.Time) error {
+func renderPreemptions(w io.Writer, raw []v1.RawPreemption, now time.Time) error {
 	if len(raw) == 0 {
 		return nil
 	}
@@ -164,7 +166,7 @@ func party(p recordParty, n int) string {
 
 // workload names a holder's pod or container by a short id, as docker ps
 // does (-o json has the whole ids).
-func workload(h occupancy.StateHolder) string {
+func workload(h v1.StateHolder) string {
 	switch {
 	case h.PodUID != "":
 		return "pod/" + prefix(h.PodUID, 12)

@@ -8,6 +8,8 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	v1 "github.com/gpud/gpud/api/v1"
+
 	"github.com/gpud/gpud/internal/occupancy"
 )
 
@@ -18,7 +20,7 @@ import (
 // the file: a newline, a terminal escape or a bidi override in them must
 // not reach the terminal of whoever runs gpud status.
 func FuzzRender(f *testing.F) {
-	add := func(sf *occupancy.StateFile) {
+	add := func(sf *v1.StateFile) {
 		b, err := json.Marshal(sf)
 		if err != nil {
 			f.Fatal(err)
@@ -36,12 +38,12 @@ func FuzzRender(f *testing.F) {
 	hostile.GPUs[1].State = occupancy.Lent
 	hostile.GPUs[1].Owner = "ns/\x1b[2J" + strings.Repeat("o", 100)
 	hostile.GPUs[1].Borrower = "\u202e" + strings.Repeat("b", 100)
-	hostile.Preemptions = []occupancy.Preemption{
+	hostile.Preemptions = []v1.RawPreemption{
 		json.RawMessage(`{"time":"2025-03-01T11:59:00Z","gpu":1,"action":"kill\u001b[31m","victim":{"pid":1,"pod_uid":"\n\n"},"result":"\u0085done"}`),
 		json.RawMessage(`"not an object"`),
 	}
 	add(hostile)
-	add(&occupancy.StateFile{Version: 1})
+	add(&v1.StateFile{Version: 1})
 	add(busy())
 	f.Add([]byte(`{"version":1,"gpus":[{"index":-1,"state":"idle","idle_since":"0001-01-01T00:00:00Z","holders":[{"pid":2147483647,"fds":-5}]}]}`))
 	f.Add([]byte(`{"version":1,"preemptions":[{},{},{},{},{},{},{},1,null,"x"]}`))

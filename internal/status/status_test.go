@@ -8,6 +8,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	v1 "github.com/gpud/gpud/api/v1"
+
 	"github.com/gpud/gpud/internal/occupancy"
 )
 
@@ -19,13 +21,13 @@ func at(d time.Duration) time.Time { return now.Add(-d) }
 
 // realistic is a node with a busy GPU held by a pod and a container, an
 // idle GPU held by a host process, and a free GPU.
-func realistic() *occupancy.StateFile {
+func realistic() *v1.StateFile {
 	idleSince := at(2*time.Hour + 3*time.Minute)
-	return &occupancy.StateFile{
+	return &v1.StateFile{
 		Version: 1, Node: "gpu-node-017", UpdatedAt: at(2 * time.Second), Monitoring: true,
-		GPUs: []occupancy.StateGPU{
+		GPUs: []v1.StateGPU{
 			{Index: 0, UUID: "GPU-6f0e7c56-5bd8-4c38-9b1d-6c44e6f3b0a1", Device: "/dev/nvidia0", State: occupancy.Busy,
-				Holders: []occupancy.StateHolder{
+				Holders: []v1.StateHolder{
 					{PID: 4194301, Comm: "pt_main_thread_with_a_long_name", CgroupID: 123456789, ContainerID: ctrID,
 						PodUID: "1a2b3c4d-0000-1111-2222-333344445555", Priority: occupancy.Unclassified,
 						OpenedAt: at(26*time.Hour + 15*time.Minute), FDs: 12},
@@ -33,16 +35,16 @@ func realistic() *occupancy.StateFile {
 						OpenedAt: at(45 * time.Second), FDs: 3},
 				}},
 			{Index: 1, Device: "/dev/nvidia1", State: occupancy.Idle, IdleSince: &idleSince,
-				Holders: []occupancy.StateHolder{
+				Holders: []v1.StateHolder{
 					{PID: 812, Comm: "jupyter-lab", Priority: occupancy.Low, OpenedAt: at(9 * 24 * time.Hour), FDs: 1},
 				}},
-			{Index: 2, Device: "/dev/nvidia2", State: occupancy.Free, Holders: []occupancy.StateHolder{}},
+			{Index: 2, Device: "/dev/nvidia2", State: occupancy.Free, Holders: []v1.StateHolder{}},
 		},
-		Preemptions: []occupancy.Preemption{},
+		Preemptions: []v1.RawPreemption{},
 	}
 }
 
-func render(t *testing.T, f *occupancy.StateFile) string {
+func render(t *testing.T, f *v1.StateFile) string {
 	t.Helper()
 	var b bytes.Buffer
 	if err := Render(&b, f, now); err != nil {
@@ -54,11 +56,11 @@ func render(t *testing.T, f *occupancy.StateFile) string {
 func TestRenderFits80Columns(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		edit func(*occupancy.StateFile)
+		edit func(*v1.StateFile)
 	}{
-		{"realistic", func(*occupancy.StateFile) {}},
-		{"monitoring off", func(f *occupancy.StateFile) { f.Monitoring = false }},
-		{"longest idle age", func(f *occupancy.StateFile) {
+		{"realistic", func(*v1.StateFile) {}},
+		{"monitoring off", func(f *v1.StateFile) { f.Monitoring = false }},
+		{"longest idle age", func(f *v1.StateFile) {
 			since := at(59*time.Minute + 59*time.Second)
 			f.GPUs[1].IdleSince = &since
 		}},
@@ -133,12 +135,12 @@ func TestRenderMonitoringOff(t *testing.T) {
 }
 
 func TestRenderEdgeCases(t *testing.T) {
-	f := &occupancy.StateFile{Version: 1, Monitoring: true,
-		GPUs: []occupancy.StateGPU{
+	f := &v1.StateFile{Version: 1, Monitoring: true,
+		GPUs: []v1.StateGPU{
 			// Idle without idle_since: no age shown.
-			{Index: 3, State: occupancy.Idle, Holders: []occupancy.StateHolder{{PID: 9, Comm: "x", OpenedAt: now.Add(time.Minute), FDs: 1}}},
+			{Index: 3, State: occupancy.Idle, Holders: []v1.StateHolder{{PID: 9, Comm: "x", OpenedAt: now.Add(time.Minute), FDs: 1}}},
 		},
-		Preemptions: []occupancy.Preemption{json.RawMessage(`{}`), json.RawMessage(`{}`)},
+		Preemptions: []v1.RawPreemption{json.RawMessage(`{}`), json.RawMessage(`{}`)},
 	}
 	out := render(t, f)
 	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
@@ -158,7 +160,7 @@ func TestRenderPreemptions(t *testing.T) {
 	rec := `{"time":"` + now.Add(-90*time.Second).Format(time.RFC3339Nano) + `","gpu":1,"action":"kill",` +
 		`"victim":{"pid":4242,"container_id":"0123456789abcdef0123"},"preemptor":{"pid":77,"pod_uid":"aaaabbbb-cccc"},` +
 		`"latency_ms":1.84,"result":"done"}`
-	f := &occupancy.StateFile{Version: 1, Monitoring: true, Preemptions: []occupancy.Preemption{json.RawMessage(rec), json.RawMessage(`not json`)}}
+	f := &v1.StateFile{Version: 1, Monitoring: true, Preemptions: []v1.RawPreemption{json.RawMessage(rec), json.RawMessage(`not json`)}}
 	out := render(t, f)
 	for _, want := range []string{"(unreadable record)", "1m30s", "kill", "ctr/01234567 4242", "pod/aaaabbbb 77", "1.8", "done"} {
 		if !strings.Contains(out, want) {
@@ -202,24 +204,24 @@ func TestAgo(t *testing.T) {
 
 // busy is a crowded node: long pod names on loans, many holders, big PIDs
 // and GPU indexes, long task ids and error results in the preemptions.
-func busy() *occupancy.StateFile {
+func busy() *v1.StateFile {
 	f := realistic()
 	long := "ml-platform-team-production/distributed-resnet-training-job-with-a-very-long-generated-name-7f9c8d"
 	f.Node = "gpu-node-with-a-really-long-fully-qualified-name.us-east-1.compute.internal"
 	for i := 0; i < 4; i++ {
-		f.GPUs[0].Holders = append(f.GPUs[0].Holders, occupancy.StateHolder{
+		f.GPUs[0].Holders = append(f.GPUs[0].Holders, v1.StateHolder{
 			PID: 4194303 - i, Comm: "python3-worker-with-long-name", PodUID: "1a2b3c4d-0000-1111-2222-333344445555",
 			Priority: occupancy.High, OpenedAt: at(500 * 24 * time.Hour), FDs: 123456,
 		})
 	}
 	idle := at(47*time.Hour + 59*time.Minute)
 	f.GPUs = append(f.GPUs,
-		occupancy.StateGPU{Index: 3, State: occupancy.Lent, Owner: long, Borrower: long + "-borrower",
-			Holders: []occupancy.StateHolder{{PID: 4194304, Comm: "borrower", PodUID: "ffffffff-0000-1111-2222-333344445555",
+		v1.StateGPU{Index: 3, State: occupancy.Lent, Owner: long, Borrower: long + "-borrower",
+			Holders: []v1.StateHolder{{PID: 4194304, Comm: "borrower", PodUID: "ffffffff-0000-1111-2222-333344445555",
 				Priority: occupancy.Low, OpenedAt: at(time.Minute)}}},
-		occupancy.StateGPU{Index: 4, State: occupancy.Lent, Borrower: "b/" + strings.Repeat("x", 200)},
-		occupancy.StateGPU{Index: 15, State: occupancy.Idle, IdleSince: &idle,
-			Holders: []occupancy.StateHolder{{PID: 1, Comm: "x", ContainerID: ctrID, Priority: occupancy.Unclassified, OpenedAt: at(time.Hour)}}},
+		v1.StateGPU{Index: 4, State: occupancy.Lent, Borrower: "b/" + strings.Repeat("x", 200)},
+		v1.StateGPU{Index: 15, State: occupancy.Idle, IdleSince: &idle,
+			Holders: []v1.StateHolder{{PID: 1, Comm: "x", ContainerID: ctrID, Priority: occupancy.Unclassified, OpenedAt: at(time.Hour)}}},
 	)
 	for i := 0; i < 8; i++ {
 		rec := map[string]any{
@@ -266,13 +268,13 @@ func TestRenderBusyFits80Columns(t *testing.T) {
 }
 
 func TestRenderExplain(t *testing.T) {
-	e := &Explanation{
+	e := &v1.Explanation{
 		PID: 4242, Comm: "python3", Cgroup: "/kubepods.slice/kubepods-pod1a2b.slice/cri-containerd-3f1c.scope", CgroupID: 77,
 		ContainerID: ctrID, PodUID: "1a2b3c4d-0000-1111-2222-333344445555",
-		Workload: &Workload{Kind: "pod", Namespace: "batch", Name: "sweep-0", PodUID: "1a2b3c4d-0000-1111-2222-333344445555", TaskID: "batch/sweep-0"},
+		Workload: &v1.Workload{Kind: "pod", Namespace: "batch", Name: "sweep-0", PodUID: "1a2b3c4d-0000-1111-2222-333344445555", TaskID: "batch/sweep-0"},
 		Priority: occupancy.Low, Reason: "label", Why: "label gpud.io/priority=low on its pod",
 		Monitoring: true, Enforcing: true, Holds: []int{1},
-		GPUs: []ExplainGPU{
+		GPUs: []v1.ExplainGPU{
 			{Index: 0, State: occupancy.Busy, HighHolders: 1, Allow: false, Rule: "high-held/low-opens: deny",
 				Effects: []string{"the refusal is recorded"}},
 			{Index: 1, State: occupancy.Busy, Holds: true, Allow: true, Rule: "free: allow"},

@@ -1,0 +1,70 @@
+package v1
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// StateVersion is the state file's schema version.
+const StateVersion = 1
+
+// Priority is a holder's class.
+type Priority string
+
+// The classes of a GPU holder.
+const (
+	High         Priority = "high"
+	Low          Priority = "low"
+	Unmanaged    Priority = "unmanaged"
+	Unclassified Priority = "unclassified"
+)
+
+// State is a GPU's occupancy state.
+type State string
+
+// The states of a GPU.
+const (
+	Free State = "free" // no holder
+	Busy State = "busy" // holders, active within idle-after
+	Idle State = "idle" // holders, no activity for idle-after
+	Lent State = "lent" // lent to a borrower through the device plugin
+)
+
+// StateFile is the JSON document at --state-file (and GET /v1/state).
+type StateFile struct {
+	Version     int             `json:"version"`
+	Node        string          `json:"node"`
+	UpdatedAt   time.Time       `json:"updated_at"`
+	Monitoring  bool            `json:"monitoring"`
+	GPUs        []StateGPU      `json:"gpus"`
+	Preemptions []RawPreemption `json:"preemptions"`
+}
+
+// StateGPU is one GPU in the state file.
+type StateGPU struct {
+	Index     int           `json:"index"`
+	UUID      string        `json:"uuid"`
+	Device    string        `json:"device"`
+	State     State         `json:"state"`
+	IdleSince *time.Time    `json:"idle_since"` // last activity, set while idle
+	Owner     string        `json:"owner"`
+	Borrower  string        `json:"borrower"`
+	Holders   []StateHolder `json:"holders"`
+}
+
+// StateHolder is one process holding a GPU.
+type StateHolder struct {
+	PID         int       `json:"pid"`
+	Comm        string    `json:"comm"`
+	CgroupID    uint64    `json:"cgroup_id"`
+	ContainerID string    `json:"container_id"`
+	PodUID      string    `json:"pod_uid"`
+	Priority    Priority  `json:"priority"`
+	OpenedAt    time.Time `json:"opened_at"`
+	FDs         int       `json:"fds"`
+}
+
+// RawPreemption is a Preemption as the state file carries it: kept as the
+// journal wrote it, so that a reader of an older or newer gpud loses no
+// field it does not know.
+type RawPreemption = json.RawMessage
