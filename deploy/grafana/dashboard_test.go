@@ -6,7 +6,6 @@ package grafana
 import (
 	"encoding/json"
 	"fmt"
-	"github.com/gpud/gpud/internal/testutil"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +15,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gpud/gpud/internal/testutil"
 
 	"github.com/gpud/gpud/internal/metrics"
 )

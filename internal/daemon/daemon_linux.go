@@ -18,12 +18,12 @@ import (
 
 	v1 "github.com/gpud/gpud/api/v1"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/docker/docker/client"
 	"github.com/gpud/gpud/bpf"
 	"github.com/gpud/gpud/internal/cgroups"
 	"github.com/gpud/gpud/internal/deviceplugin"
 	"github.com/gpud/gpud/internal/metrics"
+	"github.com/gpud/gpud/internal/nvidia"
 	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/preempt"
 	"github.com/gpud/gpud/internal/priority"
@@ -71,8 +71,9 @@ type Config struct {
 	PodResourcesSocket string // default /var/lib/kubelet/pod-resources/kubelet.sock
 	LendFree           bool
 	HostDevDir         string // --dev-dir as the host sees it (gpud in a pod); "" = the same
-	// NVML overrides the library (tests inject go-nvml's mock).
-	NVML nvml.Interface
+	// NVML overrides the library (tests inject nvidia.NVML over go-nvml's
+	// mock).
+	NVML nvidia.Library
 
 	// MetricsAddr serves /metrics, /healthz and /readyz; "" disables.
 	MetricsAddr string
@@ -95,7 +96,7 @@ type Daemon struct {
 	ledger     *occupancy.Ledger
 	tracker    *occupancy.Tracker
 	writer     *occupancy.Writer
-	nvml       *occupancy.NVML
+	nvml       nvidia.Library
 	monitoring atomic.Bool
 	gpus       []occupancy.GPU
 	ready      atomic.Bool
@@ -125,7 +126,7 @@ var ErrConfig = errors.New("config")
 // New discovers GPUs, loads and attaches the kernel programs and reconciles
 // the ledger with /proc. Run starts the work.
 func New(cfg Config, log *slog.Logger) (*Daemon, error) {
-	gpus, err := occupancy.DiscoverGPUs(cfg.DevDir)
+	gpus, err := nvidia.DiscoverGPUs(cfg.DevDir)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
@@ -145,11 +146,10 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	}
 
 	if cfg.UseNVML || cfg.NVML != nil {
-		lib := cfg.NVML
-		if lib == nil {
-			lib = nvml.New()
+		n := cfg.NVML
+		if n == nil {
+			n = nvidia.New()
 		}
-		n := &occupancy.NVML{Lib: lib}
 		if err := n.Init(); err != nil {
 			log.Warn("NVML unavailable: activity is GPU opens only", "error", err)
 		} else {

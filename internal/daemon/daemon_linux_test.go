@@ -17,6 +17,7 @@ import (
 	v1 "github.com/gpud/gpud/api/v1"
 
 	"github.com/gpud/gpud/internal/daemon"
+	"github.com/gpud/gpud/internal/nvidia"
 	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/testutil"
 )
@@ -41,7 +42,7 @@ func newEnv(t *testing.T) *env {
 		DevDir: devDir, StateFile: filepath.Join(dir, "state.json"), StateDir: dir,
 		IdleAfter: time.Minute, NodeName: "test-node",
 	}
-	discovered, err := occupancy.DiscoverGPUs(devDir)
+	discovered, err := nvidia.DiscoverGPUs(devDir)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
+	"github.com/gpud/gpud/internal/nvidia"
 	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/preempt"
 )
@@ -140,7 +141,7 @@ func TestNVMLFailingFallsBackToOpens(t *testing.T) {
 			return nil, nvml.ERROR_GPU_IS_LOST
 		}
 	}
-	e.cfg.NVML = lib
+	e.cfg.NVML = &nvidia.NVML{Lib: lib}
 	e.cfg.IdleAfter = time.Second
 	e.start()
 	h := startHelper(t)

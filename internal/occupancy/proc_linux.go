@@ -271,3 +271,12 @@ func PidfdInoOf(pidfd int) uint64 {
 }
 
 const pidfsMagic = 0x50494446 // PID_FS_MAGIC, "PIDF"
+
+// Devs returns the device-number index of gpus.
+func Devs(gpus []GPU) DevIndex {
+	d := DevIndex{}
+	for _, g := range gpus {
+		d[unix.Mkdev(g.Major, g.Minor)] = g.Index
+	}
+	return d
+}

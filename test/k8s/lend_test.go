@@ -12,13 +12,14 @@ import (
 	"testing"
 	"time"
 
+	"log/slog"
+
 	"github.com/gpud/gpud/internal/deviceplugin"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
-	"log/slog"
 )
 
 // resourcePod is a pod asking for one device of resource.

@@ -5,13 +5,15 @@ package k8s
 import (
 	"context"
 	"encoding/json"
-	"github.com/gpud/gpud/internal/testutil"
 	"log/slog"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/gpud/gpud/internal/nvidia"
+	"github.com/gpud/gpud/internal/testutil"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
@@ -65,7 +67,7 @@ func TestOwnerActiveOnNVMLTakesLentGPUBack(t *testing.T) {
 		Reclaim: preempt.ReclaimEvict, ReservationTTL: 30 * time.Second, DockerHost: "none", CRIEndpoint: "none",
 		DevicePlugin: true, KubeletDir: env(t, "DEVICE_PLUGINS_DIR"),
 		PodResourcesSocket: filepath.Join(env(t, "KUBELET_ROOT"), "pod-resources", "kubelet.sock"),
-		NVML:               lib,
+		NVML:               &nvidia.NVML{Lib: lib},
 	}, slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	if err != nil {
 		t.Fatal(err)

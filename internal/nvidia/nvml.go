@@ -1,4 +1,6 @@
-package occupancy
+//go:build cgo
+
+package nvidia
 
 import (
 	"errors"
@@ -7,10 +9,8 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/gpud/gpud/internal/occupancy"
 )
-
-// ErrNVML wraps a failing NVML call.
-var ErrNVML = errors.New("occupancy: nvml")
 
 // NVML is the part of the NVIDIA driver gpud uses: UUIDs for discovery and
 // per-process utilization as activity. Tests use go-nvml's own mock.
@@ -20,12 +20,6 @@ type NVML struct {
 	devices  map[int]nvml.Device // minor number → device
 	lastSeen map[int]uint64      // per device: newest sample timestamp (µs)
 	index    map[int]int         // minor number → GPU index, from Annotate
-}
-
-// Activity is a GPU's use since the previous sample.
-type Activity struct {
-	At   time.Time // the newest sample with SM or memory use
-	PIDs []uint32  // the processes that used it
 }
 
 // Init initializes the library and maps devices by their minor number,
@@ -56,7 +50,7 @@ func (n *NVML) Init() error {
 
 // Annotate fills in the UUID of each GPU that NVML knows by its minor
 // number, and reports the GPUs NVML does not know.
-func (n *NVML) Annotate(gpus []GPU) (unknown []int) {
+func (n *NVML) Annotate(gpus []occupancy.GPU) (unknown []int) {
 	n.index = map[int]int{}
 	for i := range gpus {
 		n.index[int(gpus[i].Minor)] = gpus[i].Index
@@ -119,3 +113,6 @@ func (n *NVML) Sample() (map[int]Activity, error) {
 
 // Shutdown releases the library.
 func (n *NVML) Shutdown() { n.Lib.Shutdown() }
+
+// New returns the driver's NVML, loaded from libnvidia-ml.so.1 at Init.
+func New() Library { return &NVML{Lib: nvml.New()} }

@@ -1,7 +1,10 @@
-package occupancy
+//go:build cgo
+
+package nvidia
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -10,6 +13,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
+	"github.com/gpud/gpud/internal/occupancy"
 )
 
 // newServer returns a mock DGX A100 whose device i has minor number 7-i, so
@@ -38,7 +42,7 @@ func TestNVMLInitAnnotate(t *testing.T) {
 		t.Fatal(err)
 	}
 	gpus := testGPUs(8)
-	gpus = append(gpus, GPU{Index: 8, Device: "/dev/nvidia8", Minor: 8}, GPU{Index: 11, Device: "/dev/nvidia11", Minor: 42})
+	gpus = append(gpus, occupancy.GPU{Index: 8, Device: "/dev/nvidia8", Minor: 8}, occupancy.GPU{Index: 11, Device: "/dev/nvidia11", Minor: 42})
 	unknown := n.Annotate(gpus)
 	if !slices.Equal(unknown, []int{8, 11}) {
 		t.Errorf("unknown = %v, want [8 11]", unknown)
@@ -234,7 +238,7 @@ func TestNVMLSampleOnlyAnnotatedDevices(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Our only GPU is index 0 with minor 5; NVML's minor-0 device is busy.
-	n.Annotate([]GPU{{Index: 0, Device: "/dev/nvidia5", Minor: 5}})
+	n.Annotate([]occupancy.GPU{{Index: 0, Device: "/dev/nvidia5", Minor: 5}})
 	for minor := 0; minor < 8; minor++ {
 		u := &utilization{ret: nvml.ERROR_NOT_FOUND}
 		if minor == 0 {
@@ -246,4 +250,12 @@ func TestNVMLSampleOnlyAnnotatedDevices(t *testing.T) {
 	if err != nil || len(got) != 0 {
 		t.Fatalf("Sample = %v, %v; want nothing (minor 0 is not one of our GPUs)", got, err)
 	}
+}
+
+func testGPUs(n int) []occupancy.GPU {
+	var gpus []occupancy.GPU
+	for i := 0; i < n; i++ {
+		gpus = append(gpus, occupancy.GPU{Index: i, Device: fmt.Sprintf("/dev/nvidia%d", i), Major: 195, Minor: uint32(i)})
+	}
+	return gpus
 }

@@ -1,4 +1,4 @@
-package occupancy
+package nvidia
 
 import (
 	"errors"
@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/testutil"
 	"golang.org/x/sys/unix"
 )
@@ -75,7 +76,7 @@ func TestDiscoverGPUsSymlinks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []GPU{
+	want := []occupancy.GPU{
 		{Index: 1, Device: filepath.Join(dir, "nvidia1"), Major: 1, Minor: 5},
 		{Index: 3, Device: filepath.Join(dir, "nvidia3"), Major: 1, Minor: 3},
 	}
@@ -110,16 +111,16 @@ func TestDiscoverGPUs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var want []GPU
+	var want []occupancy.GPU
 	for _, f := range fakes {
-		want = append(want, GPU{Index: f.Index, Device: f.Path, Major: f.Major, Minor: f.Minor})
+		want = append(want, occupancy.GPU{Index: f.Index, Device: f.Path, Major: f.Major, Minor: f.Minor})
 	}
-	want = append(want, GPU{Index: 10, Device: filepath.Join(dir, "nvidia10"), Major: 1, Minor: 8})
+	want = append(want, occupancy.GPU{Index: 10, Device: filepath.Join(dir, "nvidia10"), Major: 1, Minor: 8})
 	if !reflect.DeepEqual(gpus, want) {
 		t.Errorf("DiscoverGPUs =\n%+v\nwant\n%+v", gpus, want)
 	}
 
-	devs := Devs(gpus)
+	devs := occupancy.Devs(gpus)
 	if len(devs) != 4 {
 		t.Errorf("Devs = %v, want 4 entries", devs)
 	}

@@ -1,4 +1,4 @@
-package occupancy
+package nvidia
 
 import (
 	"errors"
@@ -9,16 +9,17 @@ import (
 	"sort"
 	"strconv"
 
+	"github.com/gpud/gpud/internal/occupancy"
 	"golang.org/x/sys/unix"
 )
 
 // ErrNoGPUs is returned when the device directory has no nvidiaN node.
-var ErrNoGPUs = errors.New("occupancy: no nvidia[0-9]+ device nodes")
+var ErrNoGPUs = errors.New("nvidia: no nvidia[0-9]+ device nodes")
 
 var gpuNodeRe = regexp.MustCompile(`^nvidia([0-9]+)$`)
 
 // DiscoverGPUs stats the nvidiaN character devices in devDir.
-func DiscoverGPUs(devDir string) ([]GPU, error) {
+func DiscoverGPUs(devDir string) ([]occupancy.GPU, error) {
 	st, err := os.Stat(devDir)
 	if err != nil {
 		return nil, fmt.Errorf("device dir: %w", err)
@@ -30,7 +31,7 @@ func DiscoverGPUs(devDir string) ([]GPU, error) {
 	if err != nil {
 		return nil, fmt.Errorf("device dir: %w", err)
 	}
-	var gpus []GPU
+	var gpus []occupancy.GPU
 	for _, e := range ents {
 		m := gpuNodeRe.FindStringSubmatch(e.Name())
 		if m == nil {
@@ -45,20 +46,11 @@ func DiscoverGPUs(devDir string) ([]GPU, error) {
 			continue
 		}
 		idx, _ := strconv.Atoi(m[1])
-		gpus = append(gpus, GPU{Index: idx, Device: p, Major: unix.Major(s.Rdev), Minor: unix.Minor(s.Rdev)})
+		gpus = append(gpus, occupancy.GPU{Index: idx, Device: p, Major: unix.Major(s.Rdev), Minor: unix.Minor(s.Rdev)})
 	}
 	if len(gpus) == 0 {
 		return nil, fmt.Errorf("%w in %s", ErrNoGPUs, devDir)
 	}
 	sort.Slice(gpus, func(i, j int) bool { return gpus[i].Index < gpus[j].Index })
 	return gpus, nil
-}
-
-// Devs returns the device-number index of gpus.
-func Devs(gpus []GPU) DevIndex {
-	d := DevIndex{}
-	for _, g := range gpus {
-		d[unix.Mkdev(g.Major, g.Minor)] = g.Index
-	}
-	return d
 }
