@@ -19,8 +19,8 @@ import (
 	"github.com/gpud/gpud/bpf"
 	"github.com/gpud/gpud/internal/daemon"
 	"github.com/gpud/gpud/internal/occupancy"
-	"github.com/gpud/gpud/internal/priority"
 	"github.com/gpud/gpud/internal/testutil"
+	"github.com/gpud/gpud/internal/workload"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -317,8 +317,8 @@ func preemptTrials(b *testing.B, d *benchDaemon, gpus []string, prefix string, t
 	b.Helper()
 	hdir, hid := testCgroup(b, prefix+"high")
 	ldir, lid := testCgroup(b, prefix+"low")
-	d.d.Registry().Put(priority.Workload{CgroupID: hid, Priority: occupancy.High, TaskID: "bench-high"})
-	d.d.Registry().Put(priority.Workload{CgroupID: lid, Priority: occupancy.Low, TaskID: "bench-low"})
+	d.d.Registry().Put(workload.Workload{CgroupID: hid, Priority: occupancy.High, TaskID: "bench-high"})
+	d.d.Registry().Put(workload.Workload{CgroupID: lid, Priority: occupancy.Low, TaskID: "bench-low"})
 	high := startHelper(b)
 	joinCgroup(b, hdir, high.pid())
 	var lat []float64
@@ -381,7 +381,7 @@ func BenchmarkGateCost(b *testing.B) {
 		ob := nsPerPair()
 		d.stop()
 		d = startEnforcingBenchDaemon(b, devDir)
-		d.d.Registry().Put(priority.Workload{CgroupID: hid, Priority: occupancy.High})
+		d.d.Registry().Put(workload.Workload{CgroupID: hid, Priority: occupancy.High})
 		en := nsPerPair()
 		d.stop()
 		without, observing, enforcing = append(without, wo), append(observing, ob), append(enforcing, en)

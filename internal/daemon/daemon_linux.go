@@ -16,6 +16,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gpud/gpud/internal/workload/cri"
+	wdocker "github.com/gpud/gpud/internal/workload/docker"
+	"github.com/gpud/gpud/internal/workload/kube"
+
 	v1 "github.com/gpud/gpud/api/v1"
 
 	"github.com/docker/docker/client"
@@ -26,10 +30,7 @@ import (
 	"github.com/gpud/gpud/internal/nvidia"
 	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/preempt"
-	"github.com/gpud/gpud/internal/priority"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
+	"github.com/gpud/gpud/internal/workload"
 )
 
 // Config is everything `gpud run` is told.
@@ -102,14 +103,14 @@ type Daemon struct {
 	ready      atomic.Bool
 	mu         sync.Mutex // serialises switch changes
 
-	registry *priority.Registry
+	registry *workload.Registry
 	journal  *preempt.Journal
 	executor *preempt.Executor
 	enforcer *enforcer
-	docker   *priority.Docker
-	pods     *priority.Pods
-	cri      *priority.CRI
-	events   *podEvents
+	docker   *wdocker.Watcher
+	pods     *kube.Pods
+	cri      *cri.Source
+	events   *kube.Events
 	lender   *lender
 	plugin   *deviceplugin.Plugin
 	denials  atomic.Uint64
@@ -317,7 +318,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if d.pods != nil {
 		wg.Add(2)
 		go func() { defer wg.Done(); d.pods.Run(ctx) }()
-		go func() { defer wg.Done(); d.events.run(ctx) }()
+		go func() { defer wg.Done(); d.events.Run(ctx) }()
 	}
 	defer d.executor.Wait()
 	defer d.journal.Close()
@@ -414,7 +415,7 @@ func (d *Daemon) periodic(ctx context.Context) {
 // preemption journal and executor, and the enforcer.
 func (d *Daemon) setupEnforcement(cgroupRoot string) error {
 	cfg := d.cfg
-	d.registry = &priority.Registry{Default: cfg.DefaultPriority, Log: d.log}
+	d.registry = &workload.Registry{Default: cfg.DefaultPriority, Log: d.log}
 	d.registry.OnChange = func(cgroupID uint64, p occupancy.Priority) {
 		var err error
 		switch p {
@@ -478,22 +479,22 @@ func (d *Daemon) setupEnforcement(cgroupRoot string) error {
 		if err != nil {
 			return fmt.Errorf("%w: docker: %w", ErrConfig, err)
 		}
-		runtimes.Containers = preempt.DockerRuntime{Client: cli}
-		d.docker = &priority.Docker{Client: cli, Registry: d.registry, CgroupRoot: cgroupRoot, Log: d.log, Synced: d.source()}
+		runtimes.Containers = wdocker.Runtime{Client: cli}
+		d.docker = &wdocker.Watcher{Client: cli, Registry: d.registry, CgroupRoot: cgroupRoot, Log: d.log, Synced: d.source()}
 	}
-	if kc, err := kubeClient(cfg.KubeConfig); err != nil {
+	if kc, err := kube.NewClient(cfg.KubeConfig); err != nil {
 		return fmt.Errorf("%w: --kubeconfig: %w", ErrConfig, err)
 	} else if kc != nil {
 		if cfg.NodeName == "" {
 			return fmt.Errorf("%w: --node-name (or NODE_NAME) is required with an API server", ErrConfig)
 		}
-		d.pods = &priority.Pods{Client: kc, Node: cfg.NodeName, Registry: d.registry, CgroupRoot: cgroupRoot, Log: d.log, Synced: d.source()}
-		runtimes.Pods = preempt.PodRuntime{Client: kc}
-		d.events = newPodEvents(kc, d.registry, cfg.NodeName, d.log)
-	} else if ep := criEndpoint(cfg.CRIEndpoint); ep != "" {
+		d.pods = &kube.Pods{Client: kc, Node: cfg.NodeName, Registry: d.registry, CgroupRoot: cgroupRoot, Log: d.log, Synced: d.source()}
+		runtimes.Pods = kube.PodRuntime{Client: kc}
+		d.events = kube.NewEvents(kc, d.registry, cfg.NodeName, d.log)
+	} else if ep := cri.Endpoint(cfg.CRIEndpoint); ep != "" {
 		// No API server: pod labels from the runtime's sandboxes; pods are
 		// not reclaimed (only the API server can evict).
-		d.cri = &priority.CRI{Endpoint: ep, Registry: d.registry, CgroupRoot: cgroupRoot, Log: d.log, Synced: d.source()}
+		d.cri = &cri.Source{Endpoint: ep, Registry: d.registry, CgroupRoot: cgroupRoot, Log: d.log, Synced: d.source()}
 	}
 	d.executor = &preempt.Executor{
 		ProcRoot: "/proc", Grace: cfg.PreemptGrace, CheckpointRoot: cfg.CheckpointRoot,
@@ -501,7 +502,7 @@ func (d *Daemon) setupEnforcement(cgroupRoot string) error {
 		Recorded: func(r preempt.Record) {
 			d.writer.Kick()
 			if d.events != nil {
-				d.events.record(r)
+				d.events.Record(r)
 			}
 		},
 		Holds: func(pid, gpu int) bool {
@@ -518,50 +519,13 @@ func (d *Daemon) setupEnforcement(cgroupRoot string) error {
 }
 
 // Registry exposes the priority registry (tests classify cgroups with it).
-func (d *Daemon) Registry() *priority.Registry { return d.registry }
+func (d *Daemon) Registry() *workload.Registry { return d.registry }
 
 // Journal exposes the preemption journal.
 func (d *Daemon) Journal() *preempt.Journal { return d.journal }
 
 // Reservation reports whom gpu is reserved for (claim 5), by cgroup id.
 func (d *Daemon) Reservation(gpu int) (uint64, bool) { return d.enforcer.reservation(gpu) }
-
-// kubeClient returns a client for the API server named by kubeconfig, or
-// the in-cluster one when gpud runs in a pod, or nil without either.
-func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
-	var rc *rest.Config
-	var err error
-	switch {
-	case kubeconfig != "":
-		rc, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
-	case os.Getenv("KUBERNETES_SERVICE_HOST") != "":
-		rc, err = rest.InClusterConfig()
-	default:
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	rc.UserAgent = "gpud"
-	return kubernetes.NewForConfig(rc)
-}
-
-// criEndpoint resolves --cri-endpoint: "none" disables, "" picks the first
-// default runtime socket that exists.
-func criEndpoint(v string) string {
-	switch v {
-	case "none":
-		return ""
-	case "":
-		for _, p := range []string{"/run/containerd/containerd.sock", "/run/crio/crio.sock"} {
-			if st, err := os.Stat(p); err == nil && st.Mode()&os.ModeSocket != 0 {
-				return p
-			}
-		}
-		return ""
-	}
-	return v
-}
 
 func orDefault(v, def string) string {
 	if v == "" {

@@ -10,7 +10,7 @@ import (
 	"github.com/gpud/gpud/bpf"
 	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/preempt"
-	"github.com/gpud/gpud/internal/priority"
+	"github.com/gpud/gpud/internal/workload"
 )
 
 // enforcer turns the gate's events and the ledger into actions (the rule
@@ -18,7 +18,7 @@ import (
 // earliest-request-first reservations of claim 5.
 type enforcer struct {
 	d    *Daemon
-	reg  *priority.Registry
+	reg  *workload.Registry
 	exec *preempt.Executor
 	ttl  time.Duration
 	ctx  context.Context
@@ -45,7 +45,7 @@ type waiter struct {
 	since       time.Time
 }
 
-func newEnforcer(d *Daemon, reg *priority.Registry, exec *preempt.Executor, ttl time.Duration) *enforcer {
+func newEnforcer(d *Daemon, reg *workload.Registry, exec *preempt.Executor, ttl time.Duration) *enforcer {
 	return &enforcer{d: d, reg: reg, exec: exec, ttl: ttl, ctx: context.Background(),
 		waiters: map[int][]waiter{}, reserved: map[int]waiter{}, until: map[int]uint64{}, last: map[int]bpf.GPUPolicy{},
 		lastConf: map[int]uint64{}}

@@ -15,7 +15,7 @@ import (
 	"github.com/gpud/gpud/internal/cgroups"
 	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/preempt"
-	"github.com/gpud/gpud/internal/priority"
+	"github.com/gpud/gpud/internal/workload"
 )
 
 // ErrNoSuchProcess is returned by Explain for a PID with no process.
@@ -140,7 +140,7 @@ func (d *Daemon) reclaimWords(whose string) string {
 }
 
 // why puts a class's reason in words.
-func (d *Daemon) why(w priority.Workload, known bool, class occupancy.Priority, reason string) string {
+func (d *Daemon) why(w workload.Workload, known bool, class occupancy.Priority, reason string) string {
 	what := "container"
 	if w.PodUID != "" {
 		what = "pod"
@@ -148,12 +148,12 @@ func (d *Daemon) why(w priority.Workload, known bool, class occupancy.Priority, 
 		what = "cgroup"
 	}
 	switch reason {
-	case priority.ReasonLabel:
+	case workload.ReasonLabel:
 		if w.ContainerID == "" && w.PodUID == "" {
 			return "its cgroup was classified " + string(class)
 		}
-		return fmt.Sprintf("label %s=%s on its %s", priority.LabelPriority, class, what)
-	case priority.ReasonOverride:
+		return fmt.Sprintf("label %s=%s on its %s", workload.LabelPriority, class, what)
+	case workload.ReasonOverride:
 		if d.lender != nil {
 			d.lender.mu.Lock()
 			defer d.lender.mu.Unlock()
@@ -169,11 +169,11 @@ func (d *Daemon) why(w priority.Workload, known bool, class occupancy.Priority, 
 			}
 		}
 		return "forced by lending"
-	case priority.ReasonDefault:
+	case workload.ReasonDefault:
 		if !known {
 			return fmt.Sprintf("a container gpud does not know: --default-priority (%s)", class)
 		}
-		return fmt.Sprintf("no valid %s label on its %s: --default-priority (%s)", priority.LabelPriority, what, class)
+		return fmt.Sprintf("no valid %s label on its %s: --default-priority (%s)", workload.LabelPriority, what, class)
 	}
 	return "not in a container: host processes are never managed"
 }

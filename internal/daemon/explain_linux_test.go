@@ -14,8 +14,8 @@ import (
 
 	"github.com/gpud/gpud/internal/daemon"
 	"github.com/gpud/gpud/internal/occupancy"
-	"github.com/gpud/gpud/internal/priority"
 	"github.com/gpud/gpud/internal/status"
+	"github.com/gpud/gpud/internal/workload"
 )
 
 func explainOver(t *testing.T, socket string, pid int) (int, []byte) {
@@ -42,13 +42,13 @@ func TestExplainOverControlSocket(t *testing.T) {
 	reg := e.d.Registry()
 
 	hdir, hid := testCgroup(t, "high")
-	reg.Put(priority.Workload{CgroupID: hid, Priority: occupancy.High, TaskID: "explain-high"})
+	reg.Put(workload.Workload{CgroupID: hid, Priority: occupancy.High, TaskID: "explain-high"})
 	hi := startHelper(t)
 	joinCgroup(t, hdir, hi.pid())
 	hi.doInt("open %s", e.gpus[0].Path)
 
 	ldir, lid := testCgroup(t, "low")
-	reg.Put(priority.Workload{CgroupID: lid, Priority: occupancy.Low, TaskID: "explain-low"})
+	reg.Put(workload.Workload{CgroupID: lid, Priority: occupancy.Low, TaskID: "explain-low"})
 	lo := startHelper(t)
 	joinCgroup(t, ldir, lo.pid())
 	lo.doInt("open %s", e.gpus[1].Path)
@@ -64,7 +64,7 @@ func TestExplainOverControlSocket(t *testing.T) {
 	if err := json.Unmarshal(body, &ex); err != nil {
 		t.Fatal(err)
 	}
-	if ex.PID != lo.pid() || ex.CgroupID != lid || ex.Priority != occupancy.Low || ex.Reason != priority.ReasonLabel ||
+	if ex.PID != lo.pid() || ex.CgroupID != lid || ex.Priority != occupancy.Low || ex.Reason != workload.ReasonLabel ||
 		!ex.Enforcing || !ex.Monitoring || ex.Workload == nil || ex.Workload.TaskID != "explain-low" || ex.Workload.Kind != "cgroup" {
 		t.Errorf("explanation: %s", body)
 	}
@@ -112,7 +112,7 @@ func TestExplainOverControlSocket(t *testing.T) {
 	_, body = explainOver(t, e.cfg.ControlSocket, host.pid())
 	ex = v1.Explanation{}
 	json.Unmarshal(body, &ex)
-	if ex.Priority != occupancy.Unmanaged || ex.Reason != priority.ReasonHost || !ex.GPUs[0].Allow || ex.GPUs[0].Rule != "unmanaged opener: allow" {
+	if ex.Priority != occupancy.Unmanaged || ex.Reason != workload.ReasonHost || !ex.GPUs[0].Allow || ex.GPUs[0].Rule != "unmanaged opener: allow" {
 		t.Errorf("host process: %s", body)
 	}
 

@@ -18,7 +18,8 @@ import (
 	"github.com/gpud/gpud/internal/deviceplugin"
 	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/preempt"
-	"github.com/gpud/gpud/internal/priority"
+	"github.com/gpud/gpud/internal/workload"
+	"github.com/gpud/gpud/internal/workload/kube"
 	corev1 "k8s.io/api/core/v1"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
@@ -216,7 +217,7 @@ func (l *lender) ownerOf(idx int, g occupancy.GPUView) string {
 			return w.Namespace + "/" + w.Name
 		}
 		if h.ContainerID != "" {
-			return "container/" + shortID(h.ContainerID)
+			return "container/" + kube.ShortID(h.ContainerID)
 		}
 	}
 	return ""
@@ -335,8 +336,8 @@ func (l *lender) reportUnallocated(allocated []deviceplugin.PodDevices) {
 		l.d.log.Warn("pod runs without the GPU it asked for: admitted before gpud registered",
 			"pod", pod.Namespace+"/"+pod.Name, "resource", l.resource)
 		if l.d.events != nil {
-			w := priority.Workload{PodUID: uid, Namespace: pod.Namespace, Name: pod.Name}
-			l.d.events.create(context.Background(), w, corev1.EventTypeWarning, "GPUNotAllocated",
+			w := workload.Workload{PodUID: uid, Namespace: pod.Namespace, Name: pod.Name}
+			l.d.events.Create(context.Background(), w, corev1.EventTypeWarning, "GPUNotAllocated",
 				fmt.Sprintf("this pod asked for %s but runs without it: it was admitted before gpud's device plugin registered; delete it to get a GPU", l.resource))
 		}
 	}

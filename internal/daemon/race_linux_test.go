@@ -14,7 +14,7 @@ import (
 	"github.com/gpud/gpud/bpf"
 	"github.com/gpud/gpud/internal/cgroups"
 	"github.com/gpud/gpud/internal/occupancy"
-	"github.com/gpud/gpud/internal/priority"
+	"github.com/gpud/gpud/internal/workload"
 )
 
 // testCgroup makes a cgroup v2 directory for host processes of one class.
@@ -93,7 +93,7 @@ func raceViolations(high, low []interval) int {
 // runRace runs `attempts` low-priority opens against a high-priority
 // open/hold/close loop, and returns (violations, low successes, denials).
 func runRace(tb testing.TB, d interface {
-	Registry() *priority.Registry
+	Registry() *workload.Registry
 	Monitor() *bpf.Monitor
 }, gpu string, attempts int) (int, int, int) {
 	hdir, hid := testCgroup(tb, "high")
@@ -101,7 +101,7 @@ func runRace(tb testing.TB, d interface {
 	// The high class is known to user space (its holders count in the
 	// gate's policy); the low class only to the kernel gate, so that the
 	// row-1 preemption never kills the low prober: this measures the deny.
-	d.Registry().Put(priority.Workload{CgroupID: hid, Priority: occupancy.High, TaskID: "race-high"})
+	d.Registry().Put(workload.Workload{CgroupID: hid, Priority: occupancy.High, TaskID: "race-high"})
 	if err := d.Monitor().SetCgroupPriority(lid, bpf.PrioLow); err != nil {
 		tb.Fatal(err)
 	}

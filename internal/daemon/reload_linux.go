@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/gpud/gpud/internal/occupancy"
-	"github.com/gpud/gpud/internal/priority"
+	"github.com/gpud/gpud/internal/workload"
 )
 
 // Reloadable is what a running daemon can change without a restart
@@ -29,7 +29,7 @@ func (d *Daemon) Reload(r Reloadable) error {
 	if r.PreemptGrace < 0 {
 		return fmt.Errorf("%w: preempt-grace must not be negative, got %s", ErrConfig, r.PreemptGrace)
 	}
-	if _, err := priority.ParseDefault(string(r.DefaultPriority)); err != nil {
+	if _, err := workload.ParseDefault(string(r.DefaultPriority)); err != nil {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	d.ledger.SetIdleAfter(r.IdleAfter)

@@ -15,7 +15,7 @@ import (
 	"github.com/gpud/gpud/internal/cgroups"
 	"github.com/gpud/gpud/internal/daemon"
 	"github.com/gpud/gpud/internal/occupancy"
-	"github.com/gpud/gpud/internal/priority"
+	"github.com/gpud/gpud/internal/workload"
 )
 
 // containerCgroup makes a cgroup that looks like a Docker container's
@@ -82,7 +82,7 @@ func TestReloadAppliesAtRunTime(t *testing.T) {
 
 	// A high-priority holder of GPU 0.
 	hdir, hid := testCgroup(t, "high")
-	reg.Put(priority.Workload{CgroupID: hid, Priority: occupancy.High, TaskID: "reload-high"})
+	reg.Put(workload.Workload{CgroupID: hid, Priority: occupancy.High, TaskID: "reload-high"})
 	hi := startHelper(t)
 	joinCgroup(t, hdir, hi.pid())
 	hi.doInt("open %s", e.gpus[0].Path)
@@ -90,7 +90,7 @@ func TestReloadAppliesAtRunTime(t *testing.T) {
 	// A container without the label, known to gpud (its class is the
 	// default), and a process in it holding GPU 1.
 	ddir, did, dcg := containerCgroup(t)
-	reg.Put(priority.Workload{ContainerID: did, CgroupID: dcg, Name: "unlabeled", Priority: reg.Classify(did, nil)})
+	reg.Put(workload.Workload{ContainerID: did, CgroupID: dcg, Name: "unlabeled", Priority: reg.Classify(did, nil)})
 	lo := startHelper(t)
 	joinCgroup(t, ddir, lo.pid())
 	lo.doInt("open %s", e.gpus[1].Path)

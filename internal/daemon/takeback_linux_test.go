@@ -14,8 +14,8 @@ import (
 	"github.com/gpud/gpud/internal/cgroups"
 	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/preempt"
-	"github.com/gpud/gpud/internal/priority"
 	"github.com/gpud/gpud/internal/testutil"
+	"github.com/gpud/gpud/internal/workload"
 )
 
 // A loan's take-back preempts the holders classified low at that instant.
@@ -74,7 +74,7 @@ func TestTakenBackGPUPreemptsLateClassifiedBorrower(t *testing.T) {
 	logs := &testutil.Buffer{}
 	d := &Daemon{log: slog.New(slog.NewJSONHandler(logs, nil)),
 		ledger:   occupancy.NewLedger([]occupancy.GPU{{Index: 0, Device: "/dev/nvidia0"}}, time.Minute),
-		registry: &priority.Registry{Default: occupancy.Unmanaged}}
+		registry: &workload.Registry{Default: occupancy.Unmanaged}}
 	now := time.Now()
 	for _, h := range []occupancy.ProcInfo{owner, borrower, bystander} {
 		d.ledger.AddFD(h, 0, 3, now)

@@ -7,11 +7,6 @@ import (
 	"log/slog"
 	"sync"
 	"time"
-
-	cerrdefs "github.com/containerd/errdefs"
-
-	"github.com/docker/docker/api/types/container"
-	"github.com/docker/docker/client"
 )
 
 // Reclaim modes (--reclaim). For Docker containers stop and evict both
@@ -34,8 +29,8 @@ func ParseReclaim(v string) (string, error) {
 	return "", fmt.Errorf("preempt: reclaim %q: want stop, remove, evict, delete or none", v)
 }
 
-// gentle reports whether mode stops/evicts (true) or removes/deletes (false).
-func gentle(mode string) bool { return mode == ReclaimStop || mode == ReclaimEvict }
+// Gentle reports whether mode stops/evicts (true) or removes/deletes (false).
+func Gentle(mode string) bool { return mode == ReclaimStop || mode == ReclaimEvict }
 
 // Target is what gets reclaimed: a pod when PodUID is set, else a container.
 type Target struct {
@@ -61,26 +56,6 @@ var ErrNotFound = errors.New("preempt: container not found")
 // Runtime reclaims targets of one kind (mode is never ReclaimNone).
 type Runtime interface {
 	Reclaim(ctx context.Context, t Target, mode string) error
-}
-
-// DockerRuntime reclaims Docker containers.
-type DockerRuntime struct{ Client client.APIClient }
-
-func (d DockerRuntime) Reclaim(ctx context.Context, t Target, mode string) error {
-	if t.ContainerID == "" {
-		return ErrNotFound
-	}
-	var err error
-	if gentle(mode) {
-		zero := 0 // the processes are already dead; nothing to wait for
-		err = d.Client.ContainerStop(ctx, t.ContainerID, container.StopOptions{Timeout: &zero})
-	} else {
-		err = d.Client.ContainerRemove(ctx, t.ContainerID, container.RemoveOptions{Force: true})
-	}
-	if cerrdefs.IsNotFound(err) {
-		return ErrNotFound
-	}
-	return err
 }
 
 // Runtimes picks the runtime by target: pods to Pods, containers to Containers.

@@ -1,4 +1,6 @@
-package priority
+// Package docker classifies Docker containers from their labels (a watcher of
+// the engine's containers and events) and reclaims them (stop or remove).
+package docker
 
 import (
 	"context"
@@ -7,6 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/gpud/gpud/internal/workload"
 
 	cerrdefs "github.com/containerd/errdefs"
 
@@ -17,12 +21,12 @@ import (
 	"github.com/gpud/gpud/internal/cgroups"
 )
 
-// Docker keeps the registry in step with a Docker engine: every running
+// Watcher keeps the registry in step with a Docker engine: every running
 // container at start, then the events stream (start, die, destroy). On a
 // lost connection it reconnects with backoff and lists again.
-type Docker struct {
+type Watcher struct {
 	Client     client.APIClient
-	Registry   *Registry
+	Registry   *workload.Registry
 	CgroupRoot string // cgroup v2 mount, to find each container's cgroup id
 	Log        *slog.Logger
 	// Synced, when set, is called after every full listing.
@@ -30,7 +34,7 @@ type Docker struct {
 }
 
 // Run watches until ctx ends.
-func (d *Docker) Run(ctx context.Context) {
+func (d *Watcher) Run(ctx context.Context) {
 	backoff := 100 * time.Millisecond
 	for ctx.Err() == nil {
 		err := d.watch(ctx)
@@ -49,7 +53,7 @@ func (d *Docker) Run(ctx context.Context) {
 	}
 }
 
-func (d *Docker) watch(ctx context.Context) error {
+func (d *Watcher) watch(ctx context.Context) error {
 	f := filters.NewArgs(filters.Arg("type", "container"),
 		filters.Arg("event", "start"), filters.Arg("event", "die"), filters.Arg("event", "destroy"))
 	// Subscribe before listing, so that nothing between the two is missed.
@@ -86,9 +90,9 @@ func (d *Docker) watch(ctx context.Context) error {
 
 // Refresh (re)classifies one container now, e.g. when a holder in an unknown
 // container appears.
-func (d *Docker) Refresh(ctx context.Context, id string) { d.refresh(ctx, id) }
+func (d *Watcher) Refresh(ctx context.Context, id string) { d.refresh(ctx, id) }
 
-func (d *Docker) refresh(ctx context.Context, id string) {
+func (d *Watcher) refresh(ctx context.Context, id string) {
 	c, err := d.Client.ContainerInspect(ctx, id)
 	if err != nil {
 		if cerrdefs.IsNotFound(err) {
@@ -102,11 +106,11 @@ func (d *Docker) refresh(ctx context.Context, id string) {
 	if c.Config != nil {
 		labels = c.Config.Labels
 	}
-	w := Workload{
+	w := workload.Workload{
 		ContainerID: c.ID,
 		Name:        strings.TrimPrefix(c.Name, "/"),
 		Priority:    d.Registry.Classify(c.ID, labels),
-		TaskID:      labels[LabelTaskID],
+		TaskID:      labels[workload.LabelTaskID],
 	}
 	if w.TaskID == "" {
 		w.TaskID = w.Name

@@ -1,12 +1,16 @@
-package priority
+// Package kube follows the pods of this node through the API server: their
+// classes (an informer), their reclaim (condition + Eviction) and the Events
+// gpud posts on them.
+package kube
 
 import (
 	"context"
 	"log/slog"
-	"path/filepath"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/gpud/gpud/internal/workload"
 
 	"github.com/gpud/gpud/internal/cgroups"
 	"github.com/gpud/gpud/internal/occupancy"
@@ -23,7 +27,7 @@ import (
 type Pods struct {
 	Client     kubernetes.Interface
 	Node       string
-	Registry   *Registry
+	Registry   *workload.Registry
 	CgroupRoot string
 	Log        *slog.Logger
 	// Resync re-reads every pod this often, to find pod cgroups that
@@ -133,55 +137,19 @@ func (p *Pods) put(obj any) {
 		p.Registry.RemovePod(uid)
 		return
 	}
-	w := Workload{
+	w := workload.Workload{
 		PodUID: uid, Namespace: pod.Namespace, Name: pod.Name,
-		Priority: p.Registry.Classify(podKey(uid), pod.Labels),
-		TaskID:   pod.Labels[LabelTaskID],
+		Priority: p.Registry.Classify(workload.PodKey(uid), pod.Labels),
+		TaskID:   pod.Labels[workload.LabelTaskID],
 	}
 	if w.TaskID == "" {
 		w.TaskID = pod.Namespace + "/" + pod.Name
 	}
-	w.CgroupID = PodCgroupID(p.CgroupRoot, uid, pod.Status.QOSClass)
-	if old, ok := p.Registry.Lookup(occupancyInfoForPod(uid)); ok && old == w {
+	w.CgroupID = cgroups.PodID(p.CgroupRoot, uid, string(pod.Status.QOSClass))
+	if old, ok := p.Registry.Lookup(occupancy.ProcInfo{PodUID: uid}); ok && old == w {
 		return
 	}
 	p.Registry.Put(w)
-}
-
-// PodCgroupPaths returns where kubelet puts a pod's cgroup, under the cgroup
-// v2 root, for the cgroupfs and the systemd drivers.
-func PodCgroupPaths(uid string, qos corev1.PodQOSClass) []string {
-	if !cgroups.ValidPodUID(uid) {
-		return nil // a path built from "../x" would name another cgroup
-	}
-	q := strings.ToLower(string(qos))
-	under := uid
-	systemd := "kubepods-pod" + strings.ReplaceAll(uid, "-", "_") + ".slice"
-	var out []string
-	switch qos {
-	case corev1.PodQOSBurstable, corev1.PodQOSBestEffort:
-		out = append(out,
-			filepath.Join("kubepods", q, "pod"+under),
-			filepath.Join("kubepods.slice", "kubepods-"+q+".slice", "kubepods-"+q+"-pod"+strings.ReplaceAll(uid, "-", "_")+".slice"))
-	default: // Guaranteed, or not yet known
-		out = append(out, filepath.Join("kubepods", "pod"+under), filepath.Join("kubepods.slice", systemd))
-		if qos == "" {
-			for _, c := range []corev1.PodQOSClass{corev1.PodQOSBurstable, corev1.PodQOSBestEffort} {
-				out = append(out, PodCgroupPaths(uid, c)...)
-			}
-		}
-	}
-	return out
-}
-
-// PodCgroupID returns the cgroup v2 id of a pod's cgroup, 0 while it does not exist.
-func PodCgroupID(root, uid string, qos corev1.PodQOSClass) uint64 {
-	for _, p := range PodCgroupPaths(uid, qos) {
-		if id, err := cgroups.ID(filepath.Join(root, p)); err == nil {
-			return id
-		}
-	}
-	return 0
 }
 
 func occupancyInfoForPod(uid string) occupancy.ProcInfo { return occupancy.ProcInfo{PodUID: uid} }

@@ -1,24 +1,31 @@
-package priority
+// Package cri classifies pods without an API server, from the labels kubelet
+// copies onto their sandboxes, listed over the container runtime's CRI socket.
+package cri
 
 import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"time"
+
+	"github.com/gpud/gpud/internal/cgroups"
+	"github.com/gpud/gpud/internal/occupancy"
+	"github.com/gpud/gpud/internal/workload"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
-// CRI classifies pods without an API server: kubelet copies a pod's labels
+// Source classifies pods without an API server: kubelet copies a pod's labels
 // onto its sandbox, which the container runtime lists over CRI. The runtime
 // has no watch that every version serves, so the sandboxes are listed every
 // Interval (default 500ms).
-type CRI struct {
+type Source struct {
 	Endpoint   string // unix socket path or unix:// URL of the runtime
-	Registry   *Registry
+	Registry   *workload.Registry
 	CgroupRoot string
 	Log        *slog.Logger
 	Interval   time.Duration
@@ -29,7 +36,7 @@ type CRI struct {
 }
 
 // Run lists sandboxes until ctx ends.
-func (c *CRI) Run(ctx context.Context) {
+func (c *Source) Run(ctx context.Context) {
 	target := c.Endpoint
 	if !strings.HasPrefix(target, "unix://") {
 		target = "unix://" + target
@@ -63,7 +70,7 @@ func (c *CRI) Run(ctx context.Context) {
 	}
 }
 
-func (c *CRI) sync(ctx context.Context, rs runtimeapi.RuntimeServiceClient) error {
+func (c *Source) sync(ctx context.Context, rs runtimeapi.RuntimeServiceClient) error {
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	resp, err := rs.ListPodSandbox(cctx, &runtimeapi.ListPodSandboxRequest{
@@ -80,8 +87,8 @@ func (c *CRI) sync(ctx context.Context, rs runtimeapi.RuntimeServiceClient) erro
 		}
 		seen[md.Uid] = true
 		w := SandboxWorkload(c.Registry, md.Uid, md.Namespace, md.Name, sb.Labels)
-		w.CgroupID = PodCgroupID(c.CgroupRoot, md.Uid, "") // no QoS class on a sandbox: every layout is tried
-		if old, ok := c.Registry.Lookup(occupancyInfoForPod(md.Uid)); ok && old == w {
+		w.CgroupID = cgroups.PodID(c.CgroupRoot, md.Uid, "") // no QoS class on a sandbox: every layout is tried
+		if old, ok := c.Registry.Lookup(occupancy.ProcInfo{PodUID: md.Uid}); ok && old == w {
 			continue
 		}
 		c.Registry.Put(w)
@@ -96,11 +103,28 @@ func (c *CRI) sync(ctx context.Context, rs runtimeapi.RuntimeServiceClient) erro
 }
 
 // SandboxWorkload classifies a pod from its sandbox's labels.
-func SandboxWorkload(r *Registry, uid, namespace, name string, labels map[string]string) Workload {
-	w := Workload{PodUID: uid, Namespace: namespace, Name: name,
-		Priority: r.Classify(podKey(uid), labels), TaskID: labels[LabelTaskID]}
+func SandboxWorkload(r *workload.Registry, uid, namespace, name string, labels map[string]string) workload.Workload {
+	w := workload.Workload{PodUID: uid, Namespace: namespace, Name: name,
+		Priority: r.Classify(workload.PodKey(uid), labels), TaskID: labels[workload.LabelTaskID]}
 	if w.TaskID == "" {
 		w.TaskID = namespace + "/" + name
 	}
 	return w
+}
+
+// Endpoint resolves --cri-endpoint: "none" disables, "" picks the first
+// default runtime socket that exists.
+func Endpoint(v string) string {
+	switch v {
+	case "none":
+		return ""
+	case "":
+		for _, p := range []string{"/run/containerd/containerd.sock", "/run/crio/crio.sock"} {
+			if st, err := os.Stat(p); err == nil && st.Mode()&os.ModeSocket != 0 {
+				return p
+			}
+		}
+		return ""
+	}
+	return v
 }

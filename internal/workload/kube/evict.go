@@ -1,4 +1,4 @@
-package preempt
+package kube
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/gpud/gpud/internal/preempt"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -26,14 +27,14 @@ type PodRuntime struct {
 	Client kubernetes.Interface
 }
 
-func (p PodRuntime) Reclaim(ctx context.Context, t Target, mode string) error {
+func (p PodRuntime) Reclaim(ctx context.Context, t preempt.Target, mode string) error {
 	if t.Namespace == "" || t.Name == "" {
-		return ErrNotFound // not a pod gpud knows by name
+		return preempt.ErrNotFound // not a pod gpud knows by name
 	}
 	pods := p.Client.CoreV1().Pods(t.Namespace)
 	pod, err := pods.Get(ctx, t.Name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) || (err == nil && string(pod.UID) != t.PodUID) {
-		return ErrNotFound // gone, or a new pod with the same name: not ours to touch
+		return preempt.ErrNotFound // gone, or a new pod with the same name: not ours to touch
 	}
 	if err != nil {
 		return fmt.Errorf("preempt: getting pod %s/%s: %w", t.Namespace, t.Name, err)
@@ -45,13 +46,13 @@ func (p PodRuntime) Reclaim(ctx context.Context, t Target, mode string) error {
 	patch, _ := json.Marshal(map[string]any{"status": map[string]any{"conditions": []corev1.PodCondition{cond}}})
 	if _, err := pods.Patch(ctx, t.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil {
 		if apierrors.IsNotFound(err) {
-			return ErrNotFound
+			return preempt.ErrNotFound
 		}
 		return fmt.Errorf("preempt: marking pod %s/%s: %w", t.Namespace, t.Name, err)
 	}
 	uid := types.UID(t.PodUID)
 	del := metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}}
-	if gentle(mode) {
+	if preempt.Gentle(mode) {
 		err = p.Client.PolicyV1().Evictions(t.Namespace).Evict(ctx, &policyv1.Eviction{
 			ObjectMeta: metav1.ObjectMeta{Name: t.Name, Namespace: t.Namespace}, DeleteOptions: &del,
 		})
@@ -59,7 +60,7 @@ func (p PodRuntime) Reclaim(ctx context.Context, t Target, mode string) error {
 		err = pods.Delete(ctx, t.Name, del)
 	}
 	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
-		return ErrNotFound // gone meanwhile (a UID precondition conflict is another pod)
+		return preempt.ErrNotFound // gone meanwhile (a UID precondition conflict is another pod)
 	}
 	if err != nil {
 		return fmt.Errorf("preempt: %s pod %s/%s: %w", mode, t.Namespace, t.Name, err)

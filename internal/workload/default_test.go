@@ -1,4 +1,4 @@
-package priority
+package workload
 
 import (
 	"sync"
@@ -19,7 +19,7 @@ func TestSetDefaultReclassifies(t *testing.T) {
 	put("unlabeled", 1, nil)
 	put("labeled-high", 2, map[string]string{LabelPriority: "high"})
 	put("malformed", 3, map[string]string{LabelPriority: "urgent"})
-	r.Put(Workload{PodUID: "pod-a", CgroupID: 4, Priority: r.Classify(podKey("pod-a"), nil)})
+	r.Put(Workload{PodUID: "pod-a", CgroupID: 4, Priority: r.Classify(PodKey("pod-a"), nil)})
 	r.Override("pod-a", occupancy.Low) // a borrower: forced low whatever the default
 
 	r.SetDefault(occupancy.High)

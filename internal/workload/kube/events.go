@@ -1,4 +1,4 @@
-package daemon
+package kube
 
 import (
 	"context"
@@ -8,31 +8,31 @@ import (
 
 	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/preempt"
-	"github.com/gpud/gpud/internal/priority"
+	"github.com/gpud/gpud/internal/workload"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 )
 
-// podEvents posts a core/v1 Event on each pod a preemption record names:
+// Events posts a core/v1 Event on each pod a preemption record names:
 // the victim's and the preemptor's, each naming the GPU and the other party.
 // Posting is asynchronous and bounded: a slow API server never delays a kill.
-type podEvents struct {
+type Events struct {
 	client kubernetes.Interface
-	reg    *priority.Registry
+	reg    *workload.Registry
 	node   string
 	log    *slog.Logger
 	queue  chan preempt.Record
 }
 
-func newPodEvents(c kubernetes.Interface, reg *priority.Registry, node string, log *slog.Logger) *podEvents {
-	return &podEvents{client: c, reg: reg, node: node, log: log, queue: make(chan preempt.Record, 256)}
+func NewEvents(c kubernetes.Interface, reg *workload.Registry, node string, log *slog.Logger) *Events {
+	return &Events{client: c, reg: reg, node: node, log: log, queue: make(chan preempt.Record, 256)}
 }
 
-// record queues a record's events; when the queue is full they are dropped
+// Record queues a record's events; when the queue is full they are dropped
 // (the journal keeps the record).
-func (p *podEvents) record(r preempt.Record) {
+func (p *Events) Record(r preempt.Record) {
 	if r.Victim.PodUID == "" && r.Preemptor.PodUID == "" {
 		return
 	}
@@ -43,7 +43,7 @@ func (p *podEvents) record(r preempt.Record) {
 	}
 }
 
-func (p *podEvents) run(ctx context.Context) {
+func (p *Events) Run(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
@@ -54,20 +54,20 @@ func (p *podEvents) run(ctx context.Context) {
 	}
 }
 
-func (p *podEvents) pod(uid string) (priority.Workload, bool) {
+func (p *Events) pod(uid string) (workload.Workload, bool) {
 	if uid == "" {
-		return priority.Workload{}, false
+		return workload.Workload{}, false
 	}
 	w, ok := p.reg.Lookup(occupancy.ProcInfo{PodUID: uid})
 	return w, ok && w.Name != ""
 }
 
-func describe(w priority.Workload, ok bool, pt preempt.Party) string {
+func describe(w workload.Workload, ok bool, pt preempt.Party) string {
 	if ok {
 		return fmt.Sprintf("pod %s/%s", w.Namespace, w.Name)
 	}
 	if pt.ContainerID != "" {
-		return "container " + shortID(pt.ContainerID)
+		return "container " + ShortID(pt.ContainerID)
 	}
 	if pt.PID != 0 {
 		return fmt.Sprintf("process %d", pt.PID)
@@ -75,14 +75,14 @@ func describe(w priority.Workload, ok bool, pt preempt.Party) string {
 	return "a high-priority holder"
 }
 
-func shortID(id string) string {
+func ShortID(id string) string {
 	if len(id) > 12 {
 		return id[:12]
 	}
 	return id
 }
 
-func (p *podEvents) post(ctx context.Context, r preempt.Record) {
+func (p *Events) post(ctx context.Context, r preempt.Record) {
 	victim, vok := p.pod(r.Victim.PodUID)
 	pre, pok := p.pod(r.Preemptor.PodUID)
 	var vReason, vMsg, pReason, pMsg string
@@ -99,14 +99,14 @@ func (p *podEvents) post(ctx context.Context, r preempt.Record) {
 		return
 	}
 	if vok {
-		p.create(ctx, victim, corev1.EventTypeWarning, vReason, vMsg)
+		p.Create(ctx, victim, corev1.EventTypeWarning, vReason, vMsg)
 	}
 	if pok && pReason != "" {
-		p.create(ctx, pre, corev1.EventTypeNormal, pReason, pMsg)
+		p.Create(ctx, pre, corev1.EventTypeNormal, pReason, pMsg)
 	}
 }
 
-func (p *podEvents) create(ctx context.Context, w priority.Workload, typ, reason, msg string) {
+func (p *Events) Create(ctx context.Context, w workload.Workload, typ, reason, msg string) {
 	now := metav1.NewTime(time.Now())
 	ev := &corev1.Event{
 		ObjectMeta: metav1.ObjectMeta{GenerateName: w.Name + ".gpud.", Namespace: w.Namespace},

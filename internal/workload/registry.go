@@ -1,7 +1,9 @@
-// Package priority classifies GPU holders as high or low priority from the
-// label gpud.io/priority on their workload (a Docker container here; pods
-// later), and keeps the kernel gate's view of classified cgroups current.
-package priority
+// Package workload is the registry of workloads (Docker containers and pods)
+// and their class, high or low priority from the label gpud.io/priority, or
+// the default; its change hook keeps the kernel gate's view of classified
+// cgroups current. The sources that fill it are its subpackages (docker,
+// kube, cri), each with its reclaim action.
+package workload
 
 import (
 	"errors"
@@ -64,12 +66,12 @@ func (w Workload) key() string {
 		return w.ContainerID
 	}
 	if w.PodUID != "" {
-		return podKey(w.PodUID)
+		return PodKey(w.PodUID)
 	}
 	return ""
 }
 
-func podKey(uid string) string { return "pod/" + uid }
+func PodKey(uid string) string { return "pod/" + uid }
 
 // Registry is the set of known workloads. Sources (the Docker watcher,
 // tests) put workloads in; the tracker classifies holders from it; the
@@ -115,7 +117,7 @@ func (r *Registry) Override(podUID string, p occupancy.Priority) {
 	} else {
 		r.overrides[podUID] = p
 	}
-	w, ok := r.byContainer[podKey(podUID)]
+	w, ok := r.byContainer[PodKey(podUID)]
 	w = r.effective(w)
 	r.mu.Unlock()
 	if ok && w.CgroupID != 0 && r.OnChange != nil {
@@ -258,7 +260,7 @@ func gateClass(p occupancy.Priority) occupancy.Priority {
 }
 
 // RemovePod forgets a pod.
-func (r *Registry) RemovePod(uid string) { r.Remove(podKey(uid)) }
+func (r *Registry) RemovePod(uid string) { r.Remove(PodKey(uid)) }
 
 // Remove forgets a container (or, with a "pod/<uid>" key, a pod).
 func (r *Registry) Remove(containerID string) {
@@ -292,7 +294,7 @@ func (r *Registry) lookupLocked(info occupancy.ProcInfo) (Workload, bool) {
 		}
 	}
 	if info.PodUID != "" {
-		if w, ok := r.byContainer[podKey(info.PodUID)]; ok {
+		if w, ok := r.byContainer[PodKey(info.PodUID)]; ok {
 			return w, true
 		}
 	}
