@@ -3,7 +3,6 @@ package v1
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -19,8 +18,13 @@ const DefaultSocket = "/run/gpud/gpud.sock"
 // maxAnswer bounds what the client reads of one answer.
 const maxAnswer = 4 << 20
 
-// ErrRefused is an answer other than 200 OK; the error names gpud's reason.
-var ErrRefused = errors.New("gpud refused")
+// RefusedError is an answer other than 200 OK: gpud's reason, as it said it.
+type RefusedError struct {
+	Status int    // the HTTP status
+	Reason string // gpud's one line
+}
+
+func (e *RefusedError) Error() string { return e.Reason }
 
 // Client talks to a running gpud over its control socket (root only):
 //
@@ -84,7 +88,7 @@ func (c *Client) do(ctx context.Context, method, path string, into any) error {
 		return fmt.Errorf("reading gpud's answer: %w", err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%w: %s", ErrRefused, strings.TrimSpace(string(body)))
+		return &RefusedError{Status: resp.StatusCode, Reason: strings.TrimSpace(string(body))}
 	}
 	if s, ok := into.(*string); ok {
 		*s = string(body)

@@ -4,18 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"os/signal"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
 	v1 "github.com/gpud/gpud/api/v1"
 
-	"github.com/gpud/gpud/internal/daemon"
 	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/status"
 )
@@ -72,7 +67,7 @@ func cmdStatus(args []string) error {
 
 func cmdExplain(args []string) error {
 	fs := newFlagSet("explain")
-	socket := fs.String("control-socket", "/run/gpud/gpud.sock", "control socket of the running daemon")
+	socket := fs.String("control-socket", v1.DefaultSocket, "control socket of the running daemon")
 	pid := fs.Int("pid", 0, "the process to explain (as seen from gpud's PID namespace)")
 	output := fs.String("o", "text", "output format: text|json")
 	if err := parse(fs, args); err != nil {
@@ -84,33 +79,21 @@ func cmdExplain(args []string) error {
 	if *output != "text" && *output != "json" {
 		return usagef("explain: -o %q: want text or json", *output)
 	}
-	resp, err := daemon.ControlClient(*socket).Get("http://gpud/v1/explain?pid=" + strconv.Itoa(*pid))
-	if err != nil {
-		return fmt.Errorf("explain: %w (is gpud running?)", err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	e, err := v1.NewClient(*socket).Explain(context.Background(), *pid)
 	if err != nil {
 		return fmt.Errorf("explain: %w", err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("explain: %s", strings.TrimSpace(string(body)))
-	}
-	var e v1.Explanation
-	if err := json.Unmarshal(body, &e); err != nil {
-		return fmt.Errorf("explain: unreadable answer from gpud: %w", err)
 	}
 	if *output == "json" {
 		enc := json.NewEncoder(os.Stdout)
 		enc.SetIndent("", "  ")
-		return enc.Encode(&e)
+		return enc.Encode(e)
 	}
-	return status.RenderExplain(os.Stdout, &e)
+	return status.RenderExplain(os.Stdout, e)
 }
 
 func cmdMonitor(args []string) error {
 	fs := newFlagSet("monitor")
-	socket := fs.String("control-socket", "/run/gpud/gpud.sock", "control socket of the running daemon")
+	socket := fs.String("control-socket", v1.DefaultSocket, "control socket of the running daemon")
 	if len(args) == 0 {
 		return usagef("monitor: want on or off")
 	}
@@ -118,24 +101,18 @@ func cmdMonitor(args []string) error {
 	if err := parse(fs, args[:len(args)-1]); err != nil {
 		return err
 	}
-	var on string
+	var on bool
 	switch what {
 	case "on":
-		on = "true"
+		on = true
 	case "off":
-		on = "false"
 	default:
 		return usagef("monitor: %q: want on or off", what)
 	}
-	resp, err := daemon.ControlClient(*socket).Post("http://gpud/v1/monitoring?on="+on, "text/plain", nil)
+	line, err := v1.NewClient(*socket).SetMonitoring(context.Background(), on)
 	if err != nil {
-		return fmt.Errorf("monitor: %w (is gpud running?)", err)
+		return fmt.Errorf("monitor: %w", err)
 	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("monitor: %s", body)
-	}
-	fmt.Print(string(body))
+	fmt.Print(line)
 	return nil
 }

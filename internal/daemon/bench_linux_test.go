@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpud/gpud/internal/config"
+
 	"github.com/gpud/gpud/bpf"
 	"github.com/gpud/gpud/internal/daemon"
 	"github.com/gpud/gpud/internal/occupancy"
@@ -233,8 +235,8 @@ func startBenchDaemon(b *testing.B, devDir string, ring uint32) *benchDaemon {
 func startBenchDaemonWith(b *testing.B, devDir string, set func(*daemon.Config)) *benchDaemon {
 	b.Helper()
 	dir := b.TempDir()
-	cfg := daemon.Config{DevDir: devDir, StateFile: filepath.Join(dir, "state.json"), StateDir: dir,
-		IdleAfter: time.Minute, NodeName: "bench"}
+	cfg := daemon.Config{Run: config.Run{DevDir: devDir, StateFile: filepath.Join(dir, "state.json"), StateDir: dir,
+		IdleAfter: time.Minute, NodeName: "bench"}}
 	set(&cfg)
 	d, err := daemon.New(cfg, discardLogger())
 	if err != nil {

@@ -1,92 +1,44 @@
-// Package daemon wires gpud's parts together for `gpud run`: the kernel
-// programs, the tracker and ledger, the state file writer, the control
-// socket and the periodic work (heartbeat, idle detection, NVML, resync).
+// Package daemon wires gpud's parts together for `gpud run`: it builds them
+// (the kernel programs, the tracker and ledger, the workload sources, the
+// gate controller, the lender), runs them, and stops them. The decisions
+// are made in the parts; docs/architecture.md says which part decides what.
 package daemon
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/gpud/gpud/internal/workload/cri"
-	wdocker "github.com/gpud/gpud/internal/workload/docker"
-	"github.com/gpud/gpud/internal/workload/kube"
-
 	v1 "github.com/gpud/gpud/api/v1"
-
-	"github.com/docker/docker/client"
 	"github.com/gpud/gpud/bpf"
 	"github.com/gpud/gpud/internal/cgroups"
+	"github.com/gpud/gpud/internal/config"
+	"github.com/gpud/gpud/internal/control"
 	"github.com/gpud/gpud/internal/deviceplugin"
+	"github.com/gpud/gpud/internal/deviceplugin/lending"
+	"github.com/gpud/gpud/internal/gate"
 	"github.com/gpud/gpud/internal/metrics"
 	"github.com/gpud/gpud/internal/nvidia"
 	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/preempt"
 	"github.com/gpud/gpud/internal/workload"
+	"github.com/gpud/gpud/internal/workload/cri"
+	wdocker "github.com/gpud/gpud/internal/workload/docker"
+	"github.com/gpud/gpud/internal/workload/kube"
 )
 
-// Config is everything `gpud run` is told.
+// Config is what `gpud run` is told, and what tests inject.
 type Config struct {
-	DevDir         string
-	StateFile      string
-	StateDir       string
-	ControlSocket  string
-	IdleAfter      time.Duration
-	ResyncInterval time.Duration // safety-net full /proc reconciliation; 0 disables
-	NodeName       string
-	CgroupRoot     string // "" detects
-	ProcRoot       string
-	UseNVML        bool
-	RingBytes      uint32 // kernel → user ring buffer size; 0: 4 MiB
-
-	// The gate and preemption (claim 1, 5, 6).
-	Enforce         bool
-	FailOpenAfter   time.Duration
-	DefaultPriority occupancy.Priority
-	PreemptGrace    time.Duration
-	Reclaim         string // stop | remove | none
-	ReservationTTL  time.Duration
-	CheckpointRoot  string
-	DockerHost      string // "" : $DOCKER_HOST or the default socket; "none" disables
-	// KubeConfig names the API server for pod labels; "" uses the in-cluster
-	// config when running in a pod, and no API server otherwise.
-	KubeConfig string
-	// CRIEndpoint is the container runtime's socket, for pod labels from
-	// sandboxes when there is no API server; "" picks containerd's or
-	// CRI-O's default socket when present, "none" disables.
-	CRIEndpoint string
-
-	// Lending idle GPUs through a kubelet device plugin (claim 1).
-	DevicePlugin       bool
-	ResourceName       string // default gpud.io/idle-gpu
-	OwnerResource      string // default nvidia.com/gpu
-	KubeletDir         string // default /var/lib/kubelet/device-plugins
-	PodResourcesSocket string // default /var/lib/kubelet/pod-resources/kubelet.sock
-	LendFree           bool
-	HostDevDir         string // --dev-dir as the host sees it (gpud in a pod); "" = the same
-	// NVML overrides the library (tests inject nvidia.NVML over go-nvml's
-	// mock).
+	config.Run
+	// NVML overrides the driver's library (tests inject nvidia.NVML over
+	// go-nvml's mock); used when set or when UseNVML is.
 	NVML nvidia.Library
-
-	// MetricsAddr serves /metrics, /healthz and /readyz; "" disables.
-	MetricsAddr string
-	// Version is reported in gpud_build_info.
-	Version string
-
-	// PinDir (on a bpffs, e.g. /sys/fs/bpf/gpud) keeps the gate attached
-	// across gpud restarts and crashes; "" pins nothing.
-	PinDir string
-	// KeepEnforcing leaves the pinned gate attached when gpud stops (it
-	// fails open after FailOpenAfter without a heartbeat); false removes it.
-	KeepEnforcing bool
 }
 
 // Daemon is a running gpud.
@@ -97,7 +49,7 @@ type Daemon struct {
 	ledger     *occupancy.Ledger
 	tracker    *occupancy.Tracker
 	writer     *occupancy.Writer
-	nvml       nvidia.Library
+	nvml       nvidia.Library // nil without NVML
 	monitoring atomic.Bool
 	gpus       []occupancy.GPU
 	ready      atomic.Bool
@@ -106,17 +58,18 @@ type Daemon struct {
 	registry *workload.Registry
 	journal  *preempt.Journal
 	executor *preempt.Executor
-	enforcer *enforcer
+	gate     *gate.Controller
 	docker   *wdocker.Watcher
 	pods     *kube.Pods
 	cri      *cri.Source
 	events   *kube.Events
-	lender   *lender
+	lender   *lending.Lender
 	plugin   *deviceplugin.Plugin
-	denials  atomic.Uint64
+	sources  workload.Listings
+	runners  []func(context.Context) // the optional parts that run until gpud stops
 
-	sources                                          []chan struct{} // closed at each workload source's first full listing
 	metrics                                          *metrics.Metrics
+	opens                                            *metrics.Verdicts
 	registrations                                    atomic.Uint64
 	startResyncs, periodicResyncs, monitoringResyncs atomic.Uint64
 }
@@ -127,39 +80,14 @@ var ErrConfig = errors.New("config")
 // New discovers GPUs, loads and attaches the kernel programs and reconciles
 // the ledger with /proc. Run starts the work.
 func New(cfg Config, log *slog.Logger) (*Daemon, error) {
+	cfg.Run = cfg.Run.Complete()
 	gpus, err := nvidia.DiscoverGPUs(cfg.DevDir)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	if cfg.FailOpenAfter <= 0 {
-		cfg.FailOpenAfter = 30 * time.Second
-	}
 	d := &Daemon{cfg: cfg, log: log, gpus: gpus}
-	d.monitoring.Store(true)
-	if prev, err := occupancy.ReadStateFile(cfg.StateFile); err == nil {
-		d.monitoring.Store(prev.Monitoring)
-	} else if !errors.Is(err, os.ErrNotExist) {
-		// A damaged file is set aside and rebuilt from the kernel and /proc.
-		aside := cfg.StateFile + ".corrupt"
-		_ = os.Rename(cfg.StateFile, aside)
-		log.Warn("state file unreadable; rebuilding it from the kernel and /proc",
-			"path", cfg.StateFile, "moved_to", aside, "error", err)
-	}
-
-	if cfg.UseNVML || cfg.NVML != nil {
-		n := cfg.NVML
-		if n == nil {
-			n = nvidia.New()
-		}
-		if err := n.Init(); err != nil {
-			log.Warn("NVML unavailable: activity is GPU opens only", "error", err)
-		} else {
-			d.nvml = n
-			if unknown := n.Annotate(d.gpus); len(unknown) > 0 {
-				log.Warn("device nodes NVML does not know", "gpus", unknown)
-			}
-		}
-	}
+	d.monitoring.Store(occupancy.LastMonitoring(cfg.StateFile, log))
+	d.openNVML()
 
 	root := cfg.CgroupRoot
 	mode := cgroups.Mode("given")
@@ -168,72 +96,39 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 			return nil, err
 		}
 	}
-	d.mon, err = bpf.Load(bpf.Options{CgroupRoot: root, RingBytes: cfg.RingBytes, PinDir: cfg.PinDir})
-	if err != nil {
+	if d.mon, err = loadKernel(cfg.Run, root, gpus, d.monitoring.Load()); err != nil {
 		return nil, err
 	}
-	d.mon.KeepGate(cfg.KeepEnforcing)
-	devs := map[uint32]uint32{}
-	for _, g := range gpus {
-		devs[bpf.KernelDev(g.Major, g.Minor)] = uint32(g.Index)
-	}
-	if err := d.mon.SetGPUs(devs); err != nil {
-		d.mon.Close()
-		return nil, err
-	}
-	if err := d.mon.SetMonitoring(d.monitoring.Load()); err != nil {
-		d.mon.Close()
-		return nil, err
-	}
-	// Registration (claim 3): gpud's own opens (NVML) are exempt; its cgroup
-	// too unless it is the root, which would exempt the whole host.
-	selfCgroup := uint64(0)
-	if info, err := cgroups.ReadProc(os.Getpid()); err == nil && info.V2Path != "/" && info.V2Path != "" {
-		if id, err := cgroups.ID(filepath.Join(root, info.V2Path)); err == nil {
-			selfCgroup = id
-		}
-	}
-	if err := d.mon.Register(uint32(os.Getpid()), selfCgroup); err != nil {
-		d.mon.Close()
-		return nil, err
-	}
-
 	d.ledger = occupancy.NewLedger(gpus, cfg.IdleAfter)
-	if err := d.setupEnforcement(root); err != nil {
+	if err := d.setupWorkloads(root); err != nil {
 		d.mon.Close()
 		return nil, err
-	}
-	procRoot := cfg.ProcRoot
-	if procRoot == "" {
-		procRoot = "/proc"
-	}
-	d.tracker = &occupancy.Tracker{
-		Ledger: d.ledger, Log: log,
-		Proc:     &occupancy.ProcFS{Root: procRoot, CgroupRoot: root, Devs: occupancy.Devs(gpus), Self: os.Getpid()},
-		Watch:    func(pid int) error { return d.mon.WatchProcess(uint32(pid)) },
-		Classify: d.registry.ClassifyProc,
-		Gate:     d.enforcer.gate,
-		Opened:   d.enforcer.opened,
-		Drained:  d.enforcer.drained,
-	}
-	d.writer = &occupancy.Writer{
-		Path: cfg.StateFile, Node: cfg.NodeName, Ledger: d.ledger, Log: log,
-		Monitoring: d.monitoring.Load,
-		Preemptions: func() []v1.RawPreemption {
-			var out []v1.RawPreemption
-			for _, r := range d.journal.Recent() {
-				if b, err := json.Marshal(r); err == nil {
-					out = append(out, b)
-				}
-			}
-			return out
-		},
-	}
-	d.ledger.OnChange(d.writer.Kick)
-	if cfg.DevicePlugin {
-		d.setupLending()
 	}
 	d.setupMetrics()
+	proc := &occupancy.ProcFS{Root: cfg.ProcRoot, CgroupRoot: root, Devs: occupancy.Devs(gpus), Self: os.Getpid()}
+	d.gate = &gate.Controller{
+		Ledger: d.ledger, Registry: d.registry, Exec: d.executor, Kernel: d.mon, Log: log, TTL: cfg.ReservationTTL,
+		Proc: proc, Enforce: cfg.Enforce, Reclaim: cfg.Reclaim, Monitoring: d.monitoring.Load,
+	}
+	d.tracker = &occupancy.Tracker{
+		Ledger: d.ledger, Log: log, Proc: proc,
+		Watch:    func(pid int) error { return d.mon.WatchProcess(uint32(pid)) },
+		Classify: d.registry.ClassifyProc,
+		Gate:     d.onGateEvent,
+		Opened:   d.onOpened,
+		Drained:  d.gate.Drained,
+	}
+	d.gate.Identify, d.gate.Wall = d.tracker.Identify, d.tracker.Wall
+	d.registry.OnChange = d.gate.ClassChanged
+	d.writer = &occupancy.Writer{
+		Path: cfg.StateFile, Node: cfg.NodeName, Ledger: d.ledger, Log: log,
+		Monitoring: d.monitoring.Load, Preemptions: d.journal.RecentRaw,
+	}
+	d.gate.Changed = d.writer.Kick
+	if cfg.DevicePlugin {
+		d.setupLending(proc)
+	}
+	d.ledger.OnChange(d.ledgerChanged)
 	// Attached first, scanned second: whatever changes during the scan is
 	// also in the ring buffer, and applying it again is idempotent.
 	if err := d.tracker.Resync(); err != nil {
@@ -241,7 +136,7 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 		return nil, err
 	}
 	d.startResyncs.Add(1)
-	d.enforcer.drained(bpf.MonotonicNow()) // nothing is queued before the first read
+	d.gate.Drained(bpf.MonotonicNow()) // nothing is queued before the first read
 	if cfg.Enforce {
 		if err := d.mon.SetEnforcing(true, cfg.FailOpenAfter); err != nil {
 			d.mon.Close()
@@ -253,24 +148,79 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	return d, nil
 }
 
-// Ledger exposes the ledger (tests and benchmarks).
-func (d *Daemon) Ledger() *occupancy.Ledger { return d.ledger }
+// openNVML loads NVML when asked to; without it activity is GPU opens only.
+func (d *Daemon) openNVML() {
+	if !d.cfg.UseNVML && d.cfg.NVML == nil {
+		return
+	}
+	n := d.cfg.NVML
+	if n == nil {
+		n = nvidia.New()
+	}
+	if err := n.Init(); err != nil {
+		d.log.Warn("NVML unavailable: activity is GPU opens only", "error", err)
+		return
+	}
+	d.nvml = n
+	if unknown := n.Annotate(d.gpus); len(unknown) > 0 {
+		d.log.Warn("device nodes NVML does not know", "gpus", unknown)
+	}
+}
 
-// Tracker exposes the tracker (tests and benchmarks).
-func (d *Daemon) Tracker() *occupancy.Tracker { return d.tracker }
+// loadKernel loads and attaches the kernel programs; gpud's own cgroup is
+// exempt from the gate unless it is the root, which would exempt the host.
+func loadKernel(cfg config.Run, root string, gpus []occupancy.GPU, monitoring bool) (*bpf.Monitor, error) {
+	devs := map[uint32]uint32{}
+	for _, g := range gpus {
+		devs[bpf.KernelDev(g.Major, g.Minor)] = uint32(g.Index)
+	}
+	selfCgroup := uint64(0)
+	if info, err := cgroups.ReadProc(os.Getpid()); err == nil && info.V2Path != "/" && info.V2Path != "" {
+		if id, err := cgroups.ID(filepath.Join(root, info.V2Path)); err == nil {
+			selfCgroup = id
+		}
+	}
+	mon, err := bpf.Setup(bpf.Options{CgroupRoot: root, RingBytes: cfg.RingBytes, PinDir: cfg.PinDir}, devs, monitoring, uint32(os.Getpid()), selfCgroup)
+	if err == nil {
+		mon.KeepGate(cfg.KeepEnforcing)
+	}
+	return mon, err
+}
 
-// Writer exposes the state file writer (tests and benchmarks).
-func (d *Daemon) Writer() *occupancy.Writer { return d.writer }
+// ledgerChanged is the ledger's change hook: the state file and the
+// lender's device list follow it.
+func (d *Daemon) ledgerChanged() {
+	d.writer.Kick()
+	if d.lender != nil {
+		d.lender.LedgerChanged()
+	}
+}
 
-// Monitor exposes the kernel side (tests and benchmarks).
-func (d *Daemon) Monitor() *bpf.Monitor { return d.mon }
+// The parts, for tests and benchmarks.
+func (d *Daemon) Ledger() *occupancy.Ledger          { return d.ledger }
+func (d *Daemon) Tracker() *occupancy.Tracker        { return d.tracker }
+func (d *Daemon) Writer() *occupancy.Writer          { return d.writer }
+func (d *Daemon) Monitor() *bpf.Monitor              { return d.mon }
+func (d *Daemon) Registry() *workload.Registry       { return d.registry }
+func (d *Daemon) Journal() *preempt.Journal          { return d.journal }
+func (d *Daemon) Plugin() *deviceplugin.Plugin       { return d.plugin }
+func (d *Daemon) Metrics() *metrics.Metrics          { return d.metrics }
+func (d *Daemon) Reservation(gpu int) (uint64, bool) { return d.gate.Reservation(gpu) }
+
+// Explain says which rule would apply to process pid now.
+func (d *Daemon) Explain(pid int) (*v1.Explanation, error) { return d.gate.Explain(pid) }
+
+// State is the state document, as the state file shows it.
+func (d *Daemon) State() v1.StateFile {
+	return occupancy.Render(d.ledger.Snapshot(time.Now()), d.cfg.NodeName, d.monitoring.Load())
+}
 
 // Ready reports whether the first reconciliation is done and events flow.
 func (d *Daemon) Ready() bool { return d.ready.Load() }
 
-// SetMonitoring flips the switch of patent claim 2 on the running daemon.
-// Turning it back on reconciles from /proc, since nothing was observed
-// while it was off.
+// SetMonitoring flips the monitoring switch on the running daemon. Turning
+// it back on reconciles from /proc, since nothing was observed while it was
+// off.
 func (d *Daemon) SetMonitoring(on bool) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -298,40 +248,21 @@ func (d *Daemon) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { defer wg.Done(); d.writer.Run(ctx) }()
-
-	d.enforcer.ctx = ctx
-	if d.docker != nil {
+	goRun := func(f func(context.Context)) {
 		wg.Add(1)
-		go func() { defer wg.Done(); d.docker.Run(ctx) }()
+		go func() { defer wg.Done(); f(ctx) }()
 	}
-	if d.cri != nil {
-		wg.Add(1)
-		go func() { defer wg.Done(); d.cri.Run(ctx) }()
-	}
-	if d.plugin != nil {
-		wg.Add(2)
-		go func() { defer wg.Done(); d.lender.run(ctx) }()
-		go func() { defer wg.Done(); d.plugin.Run(ctx) }()
-	}
-	if d.pods != nil {
-		wg.Add(2)
-		go func() { defer wg.Done(); d.pods.Run(ctx) }()
-		go func() { defer wg.Done(); d.events.Run(ctx) }()
+	d.gate.Start(ctx, d.loans())
+	for _, run := range append(d.runners, d.writer.Run) {
+		goRun(run)
 	}
 	defer d.executor.Wait()
 	defer d.journal.Close()
-
 	if d.cfg.MetricsAddr != "" {
-		wg.Add(1)
-		go func() { defer wg.Done(); d.serveMetrics(ctx) }()
+		goRun(func(ctx context.Context) { metrics.Serve(ctx, d.cfg.MetricsAddr, d.metrics.Handler(d.Ready), d.log) })
 	}
-
-	var ctl *controlServer
 	if d.cfg.ControlSocket != "" {
-		var err error
-		ctl, err = d.serveControl(d.cfg.ControlSocket)
+		ctl, err := control.Serve(d.cfg.ControlSocket, d, d.log)
 		if err != nil {
 			cancel()
 			wg.Wait()
@@ -339,18 +270,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}
 		defer ctl.Close()
 	}
-
 	errc := make(chan error, 1)
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		errc <- d.tracker.Run(ctx, d.mon)
-	}()
-	wg.Add(1)
-	go func() { defer wg.Done(); d.periodic(ctx) }()
+	goRun(func(ctx context.Context) { errc <- d.tracker.Run(ctx, d.mon) })
+	goRun(d.periodic)
 	if d.mon.Adopted() {
-		wg.Add(1)
-		go func() { defer wg.Done(); d.takeOver(ctx) }()
+		goRun(func(ctx context.Context) { d.gate.TakeOver(ctx, d.mon, d.sources.Done()) })
 	}
 	d.ready.Store(true)
 
@@ -366,6 +290,14 @@ func (d *Daemon) Run(ctx context.Context) error {
 	wg.Wait()
 	d.log.Info("gpud stopped")
 	return err
+}
+
+// loans is the lender as the gate sees it; nil without lending.
+func (d *Daemon) loans() gate.Loans {
+	if d.lender == nil {
+		return nil
+	}
+	return d.lender
 }
 
 // periodic runs the heartbeat, idle detection, NVML sampling and the safety
@@ -392,13 +324,13 @@ func (d *Daemon) periodic(ctx context.Context) {
 				for gpu, a := range act {
 					d.ledger.Activity(gpu, a.At)
 					if d.lender != nil {
-						d.lender.activity(gpu, a.PIDs)
+						d.lender.Activity(gpu, a.PIDs)
 					}
 				}
 			}
 			d.ledger.Refresh(now)
 			d.ledger.RefreshComms(d.tracker.Proc.Comm)
-			d.enforcer.sync()
+			d.gate.Sync()
 			if d.cfg.ResyncInterval > 0 && now.Sub(lastResync) >= d.cfg.ResyncInterval && d.monitoring.Load() {
 				lastResync = now
 				if err := d.tracker.Resync(); err != nil {
@@ -411,76 +343,35 @@ func (d *Daemon) periodic(ctx context.Context) {
 	}
 }
 
-// setupEnforcement builds the priority registry (fed by Docker), the
-// preemption journal and executor, and the enforcer.
-func (d *Daemon) setupEnforcement(cgroupRoot string) error {
+// setupWorkloads builds the workload registry and the sources that fill
+// it (Docker, the API server or CRI), the preemption journal, and the
+// executor with each source's reclaim action.
+func (d *Daemon) setupWorkloads(cgroupRoot string) error {
 	cfg := d.cfg
 	d.registry = &workload.Registry{Default: cfg.DefaultPriority, Log: d.log}
-	d.registry.OnChange = func(cgroupID uint64, p occupancy.Priority) {
-		var err error
-		switch p {
-		case occupancy.High:
-			err = d.mon.SetCgroupPriority(cgroupID, bpf.PrioHigh)
-		case occupancy.Low:
-			err = d.mon.SetCgroupPriority(cgroupID, bpf.PrioLow)
-		default:
-			err = d.mon.ForgetCgroup(cgroupID)
-		}
-		if err != nil {
-			d.log.Error("updating the gate's cgroups", "cgroup_id", cgroupID, "error", err)
-		}
-		if d.ledger != nil {
-			d.ledger.Reclassify(d.registry.ClassifyProc)
-		}
-	}
-	stateDir := cfg.StateDir
-	if stateDir == "" {
-		stateDir = "/var/lib/gpud"
-	}
-	j, skipped, err := preempt.OpenJournal(filepath.Join(stateDir, "preemptions.jsonl"), 50)
+	j, err := preempt.OpenStateJournal(cfg.StateDir, d.log)
 	if err != nil {
 		return fmt.Errorf("%w: --state-dir: %w", ErrConfig, err)
 	}
-	if skipped > 0 {
-		d.log.Warn("preemption journal: skipped unreadable lines", "lines", skipped)
-	}
 	d.journal = j
-	// Kills a previous gpud started but did not live to record.
-	if n, err := j.Resolve(func(r preempt.Record) string {
-		if _, err := os.Stat(filepath.Join("/proc", strconv.Itoa(r.Victim.PID))); errors.Is(err, os.ErrNotExist) {
-			return "gone (gpud restarted during the kill)"
-		}
-		return "interrupted (gpud restarted before confirming the kill)"
-	}); err != nil {
-		return fmt.Errorf("preemption journal: %w", err)
-	} else if n > 0 {
-		d.log.Warn("preemption journal: resolved kills a previous gpud left pending", "records", n)
-	}
-	reclaim := cfg.Reclaim
-	if reclaim == "" {
-		reclaim = preempt.ReclaimStop
-	}
 	var runtimes preempt.Runtimes
-	rc := &preempt.Reclaimer{Mode: reclaim, Log: d.log, Runtime: &runtimes,
-		// A reclaimed container's waiting requests go with it (claim 5).
+	rc := &preempt.Reclaimer{Mode: cfg.Reclaim, Log: d.log, Runtime: &runtimes,
+		// A reclaimed workload's waiting requests go with it.
 		Done: func(key string, err error) {
 			if err != nil {
 				d.log.Warn("reclaim failed", "workload", key, "error", err)
-			} else if d.enforcer != nil {
-				d.enforcer.dropWaiters(key)
+			} else {
+				d.gate.DropWaiters(key)
 			}
 		}}
 	if cfg.DockerHost != "none" {
-		opts := []client.Opt{client.FromEnv, client.WithAPIVersionNegotiation()}
-		if cfg.DockerHost != "" {
-			opts = append(opts, client.WithHost(cfg.DockerHost))
-		}
-		cli, err := client.NewClientWithOpts(opts...)
+		cli, err := wdocker.NewClient(cfg.DockerHost)
 		if err != nil {
 			return fmt.Errorf("%w: docker: %w", ErrConfig, err)
 		}
 		runtimes.Containers = wdocker.Runtime{Client: cli}
-		d.docker = &wdocker.Watcher{Client: cli, Registry: d.registry, CgroupRoot: cgroupRoot, Log: d.log, Synced: d.source()}
+		d.docker = &wdocker.Watcher{Client: cli, Registry: d.registry, CgroupRoot: cgroupRoot, Log: d.log, Synced: d.sources.Add()}
+		d.runners = append(d.runners, d.docker.Run)
 	}
 	if kc, err := kube.NewClient(cfg.KubeConfig); err != nil {
 		return fmt.Errorf("%w: --kubeconfig: %w", ErrConfig, err)
@@ -488,64 +379,51 @@ func (d *Daemon) setupEnforcement(cgroupRoot string) error {
 		if cfg.NodeName == "" {
 			return fmt.Errorf("%w: --node-name (or NODE_NAME) is required with an API server", ErrConfig)
 		}
-		d.pods = &kube.Pods{Client: kc, Node: cfg.NodeName, Registry: d.registry, CgroupRoot: cgroupRoot, Log: d.log, Synced: d.source()}
+		d.pods = &kube.Pods{Client: kc, Node: cfg.NodeName, Registry: d.registry, CgroupRoot: cgroupRoot, Log: d.log, Synced: d.sources.Add()}
 		runtimes.Pods = kube.PodRuntime{Client: kc}
 		d.events = kube.NewEvents(kc, d.registry, cfg.NodeName, d.log)
+		d.runners = append(d.runners, d.pods.Run, d.events.Run)
 	} else if ep := cri.Endpoint(cfg.CRIEndpoint); ep != "" {
 		// No API server: pod labels from the runtime's sandboxes; pods are
 		// not reclaimed (only the API server can evict).
-		d.cri = &cri.Source{Endpoint: ep, Registry: d.registry, CgroupRoot: cgroupRoot, Log: d.log, Synced: d.source()}
+		d.cri = &cri.Source{Endpoint: ep, Registry: d.registry, CgroupRoot: cgroupRoot, Log: d.log, Synced: d.sources.Add()}
+		d.runners = append(d.runners, d.cri.Run)
 	}
 	d.executor = &preempt.Executor{
-		ProcRoot: "/proc", Grace: cfg.PreemptGrace, CheckpointRoot: cfg.CheckpointRoot,
-		Journal: j, Reclaimer: rc, Log: d.log,
-		Recorded: func(r preempt.Record) {
-			d.writer.Kick()
-			if d.events != nil {
-				d.events.Record(r)
-			}
-		},
+		ProcRoot: cfg.ProcRoot, Grace: cfg.PreemptGrace, CheckpointRoot: cfg.CheckpointRoot,
+		Journal: j, Reclaimer: rc, Log: d.log, Recorded: d.onRecorded,
 		Holds: func(pid, gpu int) bool {
 			fds, err := d.tracker.Proc.GPUFDs(pid)
 			return err == nil && len(fds[gpu]) > 0
 		},
 	}
-	ttl := cfg.ReservationTTL
-	if ttl == 0 {
-		ttl = 30 * time.Second
-	}
-	d.enforcer = newEnforcer(d, d.registry, d.executor, ttl)
 	return nil
 }
 
-// Registry exposes the priority registry (tests classify cgroups with it).
-func (d *Daemon) Registry() *workload.Registry { return d.registry }
-
-// Journal exposes the preemption journal.
-func (d *Daemon) Journal() *preempt.Journal { return d.journal }
-
-// Reservation reports whom gpu is reserved for (claim 5), by cgroup id.
-func (d *Daemon) Reservation(gpu int) (uint64, bool) { return d.enforcer.reservation(gpu) }
-
-func orDefault(v, def string) string {
-	if v == "" {
-		return def
-	}
-	return v
-}
-
 // setupLending builds the lender and its device plugin.
-func (d *Daemon) setupLending() {
+func (d *Daemon) setupLending(proc *occupancy.ProcFS) {
 	cfg := d.cfg
-	d.lender = newLender(d, orDefault(cfg.ResourceName, "gpud.io/idle-gpu"), orDefault(cfg.OwnerResource, "nvidia.com/gpu"),
-		orDefault(cfg.PodResourcesSocket, "/var/lib/kubelet/pod-resources/kubelet.sock"), cfg.LendFree)
-	d.plugin = &deviceplugin.Plugin{
-		ResourceName: d.lender.resource, KubeletDir: orDefault(cfg.KubeletDir, "/var/lib/kubelet/device-plugins"),
-		Endpoint: "gpud.sock", Backend: d.lender, Log: d.log,
+	d.lender = lending.New(lending.Config{
+		Resource: cfg.ResourceName, OwnerResource: cfg.OwnerResource, LendFree: cfg.LendFree,
+		DevDir: cfg.DevDir, HostDevDir: cfg.HostDevDir, CheckpointRoot: cfg.CheckpointRoot, GPUs: d.gpus,
+	}, d.ledger, d.registry, d.gate, lending.Socket(cfg.PodResourcesSocket), d.journal)
+	d.lender.Log, d.lender.ProcInfo = d.log, proc.Info
+	d.lender.Changed = func() {
+		d.ledger.Reclassify(d.registry.ClassifyProc)
+		d.writer.Kick()
 	}
-	d.ledger.OnChange(func() { d.writer.Kick(); d.lender.ledgerChanged() })
-	d.writer.Decorate = d.lender.decorate
+	if d.pods != nil {
+		d.lender.Pods, d.lender.Events = d.pods, d.events
+	}
+	d.plugin = &deviceplugin.Plugin{
+		ResourceName: cfg.ResourceName, KubeletDir: cfg.KubeletDir,
+		Endpoint: "gpud.sock", Backend: d.lender, Log: d.log,
+		Registered: func() { d.registrations.Add(1) },
+	}
+	d.writer.Decorate = d.lender.Decorate
+	d.runners = append(d.runners, d.lender.Run, func(ctx context.Context) {
+		if err := d.plugin.Run(ctx); err != nil {
+			d.log.Error("device plugin stopped: no GPU is lent", "error", err)
+		}
+	})
 }
-
-// Plugin exposes the device plugin (tests).
-func (d *Daemon) Plugin() *deviceplugin.Plugin { return d.plugin }

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpud/gpud/internal/config"
+
 	v1 "github.com/gpud/gpud/api/v1"
 
 	"github.com/gpud/gpud/internal/daemon"
@@ -38,10 +40,10 @@ func newEnv(t *testing.T) *env {
 	devDir, gpus := testutil.MakeFakeGPUs(t, 2)
 	dir := t.TempDir()
 	e := &env{t: t, dir: dir, gpus: gpus, logs: &testutil.Buffer{}}
-	e.cfg = daemon.Config{
+	e.cfg = daemon.Config{Run: config.Run{
 		DevDir: devDir, StateFile: filepath.Join(dir, "state.json"), StateDir: dir,
 		IdleAfter: time.Minute, NodeName: "test-node",
-	}
+	}}
 	discovered, err := nvidia.DiscoverGPUs(devDir)
 	if err != nil {
 		t.Fatal(err)

@@ -12,7 +12,6 @@ import (
 
 	v1 "github.com/gpud/gpud/api/v1"
 
-	"github.com/gpud/gpud/internal/daemon"
 	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/status"
 	"github.com/gpud/gpud/internal/workload"
@@ -20,7 +19,7 @@ import (
 
 func explainOver(t *testing.T, socket string, pid int) (int, []byte) {
 	t.Helper()
-	resp, err := daemon.ControlClient(socket).Get(fmt.Sprintf("http://gpud/v1/explain?pid=%d", pid))
+	resp, err := v1.NewClient(socket).HTTP.Get(fmt.Sprintf("http://gpud/v1/explain?pid=%d", pid))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +119,7 @@ func TestExplainOverControlSocket(t *testing.T) {
 	if code, body := explainOver(t, e.cfg.ControlSocket, 1<<30); code != http.StatusNotFound || !strings.Contains(string(body), "no process 1073741824") {
 		t.Errorf("unknown pid: %d %s", code, body)
 	}
-	resp, err := daemon.ControlClient(e.cfg.ControlSocket).Get("http://gpud/v1/explain?pid=x")
+	resp, err := v1.NewClient(e.cfg.ControlSocket).HTTP.Get("http://gpud/v1/explain?pid=x")
 	if err != nil || resp.StatusCode != http.StatusBadRequest {
 		t.Errorf("pid=x: %v %v", resp, err)
 	}

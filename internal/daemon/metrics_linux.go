@@ -1,14 +1,13 @@
 package daemon
 
 import (
-	"context"
 	"time"
 
+	v1 "github.com/gpud/gpud/api/v1"
 	"github.com/gpud/gpud/bpf"
 	"github.com/gpud/gpud/internal/metrics"
 	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/preempt"
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Reasons of a full resync (gpud_resyncs_total's reason label).
@@ -19,62 +18,44 @@ const (
 	resyncMonitoring = "monitoring"
 )
 
-// setupMetrics builds the registry and hooks its event-path counters into
-// the tracker and executor; it runs before either starts.
+// setupMetrics builds the registry and the counters the event path
+// increments (onOpened, onGateEvent, onRecorded); it runs before the
+// tracker and the executor start.
 func (d *Daemon) setupMetrics() {
 	d.metrics = metrics.New(d.cfg.Version, d.metricsSnapshot)
-	maxIdx := -1
+	uuids := map[int]string{}
 	for _, g := range d.gpus {
-		maxIdx = max(maxIdx, g.Index)
+		uuids[g.Index] = g.UUID
 	}
-	// Counters per GPU index, looked up once: the open path is hot.
-	allow := make([]prometheus.Counter, maxIdx+1)
-	deny := make([]prometheus.Counter, maxIdx+1)
-	for _, g := range d.gpus {
-		allow[g.Index] = d.metrics.Opens(g.Index, g.UUID, metrics.VerdictAllow)
-		deny[g.Index] = d.metrics.Opens(g.Index, g.UUID, metrics.VerdictDeny)
-	}
-	opened, gate := d.tracker.Opened, d.tracker.Gate
-	d.tracker.Opened = func(info occupancy.ProcInfo, gpu int, ev *bpf.Event) {
-		if gpu >= 0 && gpu < len(allow) && allow[gpu] != nil {
-			allow[gpu].Inc()
-		}
-		if opened != nil {
-			opened(info, gpu, ev)
-		}
-	}
-	d.tracker.Gate = func(ev *bpf.Event) {
-		if gpu := int(ev.GPU); ev.Type == bpf.EventDeny && gpu < len(deny) && deny[gpu] != nil {
-			deny[gpu].Inc()
-		}
-		if gate != nil {
-			gate(ev)
-		}
-	}
-	recorded := d.executor.Recorded
-	d.executor.Recorded = func(r preempt.Record) {
-		var lat time.Duration
-		if r.Action == preempt.ActionKill && r.Result == "done" {
-			lat = time.Duration(r.LatencyMS * float64(time.Millisecond))
-		}
-		d.metrics.Preemption(r.Action, lat)
-		if recorded != nil {
-			recorded(r)
-		}
-	}
-	if d.plugin != nil {
-		registered := d.plugin.Registered
-		d.plugin.Registered = func() {
-			d.registrations.Add(1)
-			if registered != nil {
-				registered()
-			}
-		}
-	}
+	d.opens = d.metrics.Verdicts(uuids)
 }
 
-// Metrics exposes the registry (tests gather from it).
-func (d *Daemon) Metrics() *metrics.Metrics { return d.metrics }
+// onOpened is the tracker's hook for a recorded GPU open.
+func (d *Daemon) onOpened(info occupancy.ProcInfo, gpu int, ev *bpf.Event) {
+	d.opens.Count(gpu, true)
+	d.gate.Opened(info, gpu, ev)
+}
+
+// onGateEvent is the tracker's hook for the gate's decisions.
+func (d *Daemon) onGateEvent(ev *bpf.Event) {
+	if ev.Type == bpf.EventDeny {
+		d.opens.Count(int(ev.GPU), false)
+	}
+	d.gate.HandleEvent(ev)
+}
+
+// onRecorded is the executor's hook for each preemption record.
+func (d *Daemon) onRecorded(r preempt.Record) {
+	d.writer.Kick()
+	if d.events != nil {
+		d.events.Record(r)
+	}
+	var lat time.Duration
+	if r.Action == preempt.ActionKill && r.Result == "done" {
+		lat = time.Duration(r.LatencyMS * float64(time.Millisecond))
+	}
+	d.metrics.Preemption(r.Action, lat)
+}
 
 // metricsSnapshot is read at every scrape: the same document the state
 // file shows (loans included), named by workload.
@@ -82,7 +63,7 @@ func (d *Daemon) metricsSnapshot() metrics.Snapshot {
 	now := time.Now()
 	f := occupancy.Render(d.ledger.Snapshot(now), d.cfg.NodeName, d.monitoring.Load())
 	if d.lender != nil {
-		d.lender.decorate(&f)
+		d.lender.Decorate(&f)
 	}
 	s := metrics.Snapshot{
 		Events:     map[string]uint64{},
@@ -91,30 +72,7 @@ func (d *Daemon) metricsSnapshot() metrics.Snapshot {
 		Monitoring: d.monitoring.Load(),
 		Enforcing:  d.cfg.Enforce,
 	}
-	for _, g := range f.GPUs {
-		mg := metrics.GPU{Index: g.Index, UUID: g.UUID, Device: g.Device, State: string(g.State)}
-		if g.IdleSince != nil {
-			mg.IdleSeconds = now.Sub(*g.IdleSince).Seconds()
-		}
-		if g.State == occupancy.Lent {
-			s.Lent++
-		}
-		for _, h := range g.Holders {
-			mh := metrics.Holder{Priority: string(h.Priority)}
-			if w, ok := d.registry.Lookup(occupancy.ProcInfo{CgroupID: h.CgroupID, ContainerID: h.ContainerID, PodUID: h.PodUID}); ok {
-				if w.PodUID != "" {
-					mh.Namespace, mh.Pod = w.Namespace, w.Name
-					if d.pods != nil {
-						mh.Container = d.pods.ContainerName(w.Namespace, w.Name, h.ContainerID)
-					}
-				} else {
-					mh.Container = w.Name
-				}
-			}
-			mg.Holders = append(mg.Holders, mh)
-		}
-		s.GPUs = append(s.GPUs, mg)
-	}
+	s.GPUs, s.Lent = metrics.GPUsOf(f, now, d.holderNames)
 	for t := bpf.EventType(1); t < bpf.EventTypes; t++ {
 		s.Events[t.String()] = d.tracker.ByType[t].Load()
 	}
@@ -133,23 +91,17 @@ func (d *Daemon) metricsSnapshot() metrics.Snapshot {
 	return s
 }
 
-// serveMetrics serves /metrics until ctx ends. A port that cannot be bound
-// (another gpud still shutting down, a clash) is retried rather than fatal:
-// the node agent's enforcement matters more than its scrape endpoint.
-func (d *Daemon) serveMetrics(ctx context.Context) {
-	for wait := time.Second; ; wait = min(2*wait, 30*time.Second) {
-		srv, err := metrics.Listen(d.cfg.MetricsAddr, d.metrics.Handler(d.Ready), d.log)
-		if err == nil {
-			d.log.Info("serving metrics", "addr", srv.Addr.String())
-			<-ctx.Done()
-			srv.Close()
-			return
-		}
-		d.log.Error("metrics endpoint unavailable, retrying", "addr", d.cfg.MetricsAddr, "retry_in", wait, "error", err)
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(wait):
-		}
+// holderNames names a holder's workload for its metric labels.
+func (d *Daemon) holderNames(h v1.StateHolder) (namespace, pod, container string) {
+	w, ok := d.registry.Lookup(occupancy.ProcInfo{CgroupID: h.CgroupID, ContainerID: h.ContainerID, PodUID: h.PodUID})
+	switch {
+	case !ok:
+	case w.PodUID == "":
+		container = w.Name
+	case d.pods != nil:
+		namespace, pod, container = w.Namespace, w.Name, d.pods.ContainerName(w.Namespace, w.Name, h.ContainerID)
+	default:
+		namespace, pod = w.Namespace, w.Name
 	}
+	return namespace, pod, container
 }

@@ -38,7 +38,7 @@ func (d *Daemon) Reload(r Reloadable) error {
 		d.registry.SetDefault(r.DefaultPriority)
 		// Holders in containers gpud knows nothing of take the default too.
 		d.ledger.Reclassify(d.registry.ClassifyProc)
-		d.enforcer.sync()
+		d.gate.Sync()
 	}
 	if r.Monitoring != nil && *r.Monitoring != d.Monitoring() {
 		if err := d.SetMonitoring(*r.Monitoring); err != nil {

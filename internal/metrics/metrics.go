@@ -19,6 +19,7 @@ import (
 	"strconv"
 	"time"
 
+	v1 "github.com/gpud/gpud/api/v1"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -274,4 +275,78 @@ func (s *Server) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	return s.srv.Shutdown(ctx)
+}
+
+// Serve serves h on addr until ctx ends. A port that cannot be bound
+// (another gpud still shutting down, a clash) is retried rather than fatal:
+// the node agent's enforcement matters more than its scrape endpoint.
+func Serve(ctx context.Context, addr string, h http.Handler, log *slog.Logger) {
+	for wait := time.Second; ; wait = min(2*wait, 30*time.Second) {
+		srv, err := Listen(addr, h, log)
+		if err == nil {
+			log.Info("serving metrics", "addr", srv.Addr.String())
+			<-ctx.Done()
+			srv.Close()
+			return
+		}
+		log.Error("metrics endpoint unavailable, retrying", "addr", addr, "retry_in", wait, "error", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+	}
+}
+
+// GPUsOf turns the state document into the scrape's GPUs, each holder
+// named by names (namespace, pod, container; "" where unknown), and counts
+// the lent GPUs.
+func GPUsOf(f v1.StateFile, now time.Time, names func(v1.StateHolder) (namespace, pod, container string)) (gpus []GPU, lent int) {
+	for _, g := range f.GPUs {
+		mg := GPU{Index: g.Index, UUID: g.UUID, Device: g.Device, State: string(g.State)}
+		if g.IdleSince != nil {
+			mg.IdleSeconds = now.Sub(*g.IdleSince).Seconds()
+		}
+		if g.State == v1.Lent {
+			lent++
+		}
+		for _, h := range g.Holders {
+			mh := Holder{Priority: string(h.Priority)}
+			mh.Namespace, mh.Pod, mh.Container = names(h)
+			mg.Holders = append(mg.Holders, mh)
+		}
+		gpus = append(gpus, mg)
+	}
+	return gpus, lent
+}
+
+// Verdicts counts GPU opens by verdict with no label lookup per open (the
+// open path is hot): one counter per GPU index and verdict.
+type Verdicts struct {
+	allow, deny []prometheus.Counter
+}
+
+// Verdicts returns the open counters of GPUs given as index → UUID.
+func (m *Metrics) Verdicts(gpus map[int]string) *Verdicts {
+	n := 0
+	for idx := range gpus {
+		n = max(n, idx+1)
+	}
+	v := &Verdicts{allow: make([]prometheus.Counter, n), deny: make([]prometheus.Counter, n)}
+	for idx, uuid := range gpus {
+		v.allow[idx] = m.Opens(idx, uuid, VerdictAllow)
+		v.deny[idx] = m.Opens(idx, uuid, VerdictDeny)
+	}
+	return v
+}
+
+// Count counts one open of gpu; GPUs it was not made for are not counted.
+func (v *Verdicts) Count(gpu int, allowed bool) {
+	c := v.deny
+	if allowed {
+		c = v.allow
+	}
+	if gpu >= 0 && gpu < len(c) && c[gpu] != nil {
+		c[gpu].Inc()
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 
@@ -131,4 +132,20 @@ func ParseStateFile(b []byte) (*v1.StateFile, error) {
 		}
 	}
 	return &f, nil
+}
+
+// LastMonitoring returns the monitoring switch the state file at path
+// says the previous gpud left (on when there is none). A damaged file is
+// set aside and rebuilt from the kernel and /proc.
+func LastMonitoring(path string, log *slog.Logger) bool {
+	prev, err := ReadStateFile(path)
+	if err == nil {
+		return prev.Monitoring
+	}
+	if !errors.Is(err, os.ErrNotExist) {
+		aside := path + ".corrupt"
+		_ = os.Rename(path, aside)
+		log.Warn("state file unreadable; rebuilding it from the kernel and /proc", "path", path, "moved_to", aside, "error", err)
+	}
+	return true
 }

@@ -7,8 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"time"
 
@@ -267,5 +269,46 @@ func (j *Journal) Recent() []Record {
 	return append([]Record(nil), j.recent...)
 }
 
+// RecentRaw returns Recent as the state file carries it.
+func (j *Journal) RecentRaw() []v1.RawPreemption {
+	var out []v1.RawPreemption
+	for _, r := range j.Recent() {
+		if b, err := json.Marshal(r); err == nil {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
 // Close closes the file.
 func (j *Journal) Close() error { return j.f.Close() }
+
+// RestartOutcome is the result a restarted gpud gives a kill its
+// predecessor journaled as pending (for Resolve): the victim is gone, or
+// the kill's outcome is unknown.
+func RestartOutcome(r Record) string {
+	if _, err := os.Stat(filepath.Join("/proc", strconv.Itoa(r.Victim.PID))); errors.Is(err, os.ErrNotExist) {
+		return "gone (gpud restarted during the kill)"
+	}
+	return "interrupted (gpud restarted before confirming the kill)"
+}
+
+// OpenStateJournal opens the journal in a state directory
+// (preemptions.jsonl, the last 50 records kept in memory) and resolves the
+// kills a previous gpud started but did not live to record.
+func OpenStateJournal(stateDir string, log *slog.Logger) (*Journal, error) {
+	j, skipped, err := OpenJournal(filepath.Join(stateDir, "preemptions.jsonl"), 50)
+	if err != nil {
+		return nil, err
+	}
+	if skipped > 0 {
+		log.Warn("preemption journal: skipped unreadable lines", "lines", skipped)
+	}
+	if n, err := j.Resolve(RestartOutcome); err != nil {
+		j.Close()
+		return nil, fmt.Errorf("preemption journal: %w", err)
+	} else if n > 0 {
+		log.Warn("preemption journal: resolved kills a previous gpud left pending", "records", n)
+	}
+	return j, nil
+}

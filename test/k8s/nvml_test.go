@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpud/gpud/internal/config"
+
 	"github.com/gpud/gpud/internal/nvidia"
 	"github.com/gpud/gpud/internal/testutil"
 
@@ -60,15 +62,14 @@ func TestOwnerActiveOnNVMLTakesLentGPUBack(t *testing.T) {
 
 	state := t.TempDir()
 	logs := &testutil.Buffer{}
-	d, err := daemon.New(daemon.Config{
+	d, err := daemon.New(daemon.Config{Run: config.Run{
 		DevDir: dev, StateFile: filepath.Join(state, "state.json"), StateDir: state,
 		IdleAfter: 2 * time.Second, NodeName: env(t, "NODE_NAME"), KubeConfig: env(t, "KUBECONFIG"),
 		Enforce: true, FailOpenAfter: 30 * time.Second, DefaultPriority: occupancy.Unmanaged,
 		Reclaim: preempt.ReclaimEvict, ReservationTTL: 30 * time.Second, DockerHost: "none", CRIEndpoint: "none",
 		DevicePlugin: true, KubeletDir: env(t, "DEVICE_PLUGINS_DIR"),
 		PodResourcesSocket: filepath.Join(env(t, "KUBELET_ROOT"), "pod-resources", "kubelet.sock"),
-		NVML:               &nvidia.NVML{Lib: lib},
-	}, slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	}, NVML: &nvidia.NVML{Lib: lib}}, slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	if err != nil {
 		t.Fatal(err)
 	}

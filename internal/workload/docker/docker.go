@@ -124,3 +124,13 @@ func (d *Watcher) refresh(ctx context.Context, id string) {
 	}
 	d.Registry.Put(w)
 }
+
+// NewClient returns a client of the Docker engine at host ("" is
+// $DOCKER_HOST, else the local socket).
+func NewClient(host string) (*client.Client, error) {
+	opts := []client.Opt{client.FromEnv, client.WithAPIVersionNegotiation()}
+	if host != "" {
+		opts = append(opts, client.WithHost(host))
+	}
+	return client.NewClientWithOpts(opts...)
+}

@@ -1,4 +1,4 @@
-package daemon
+package gate
 
 import (
 	"errors"
@@ -26,11 +26,10 @@ var ErrNoSuchProcess = errors.New("no such process")
 const reservedRule = "reserved for the earliest refused low-priority request: deny"
 
 // Explain says which rule would apply to process pid now: its workload,
-// its class and why, the GPUs it holds, and for each GPU the verdict of
-// preempt.Decide (the enforcer's policy) given the GPU's other holders, its
-// loan and its reservation.
-func (d *Daemon) Explain(pid int) (*v1.Explanation, error) {
-	info, err := d.tracker.Proc.Info(pid)
+// its class and why, the GPUs it holds, and for each GPU the Verdict given
+// the GPU's other holders, its loan and its reservation.
+func (c *Controller) Explain(pid int) (*v1.Explanation, error) {
+	info, err := c.Proc.Info(pid)
 	if err != nil {
 		if errors.Is(err, occupancy.ErrNoProcess) {
 			return nil, fmt.Errorf("%w: %d", ErrNoSuchProcess, pid)
@@ -39,16 +38,16 @@ func (d *Daemon) Explain(pid int) (*v1.Explanation, error) {
 	}
 	e := &v1.Explanation{
 		PID: pid, Comm: info.Comm, CgroupID: info.CgroupID, ContainerID: info.ContainerID, PodUID: info.PodUID,
-		Monitoring: d.monitoring.Load(), Enforcing: d.cfg.Enforce, Holds: []int{}, GPUs: []v1.ExplainGPU{},
+		Monitoring: c.Monitoring(), Enforcing: c.Enforce, Holds: []int{}, GPUs: []v1.ExplainGPU{},
 	}
 	cgPath := ""
-	if b, err := os.ReadFile(filepath.Join(d.tracker.Proc.Root, strconv.Itoa(pid), "cgroup")); err == nil {
+	if b, err := os.ReadFile(filepath.Join(c.Proc.Root, strconv.Itoa(pid), "cgroup")); err == nil {
 		if ci, err := cgroups.Parse(string(b)); err == nil {
 			cgPath = ci.V2Path
 		}
 	}
 	e.Cgroup = cgPath
-	w, known, class, reason := d.registry.Explain(info)
+	w, known, class, reason := c.Registry.Explain(info)
 	e.Priority, e.Reason = class, reason
 	if known {
 		e.Workload = &v1.Workload{Namespace: w.Namespace, Name: w.Name, PodUID: w.PodUID,
@@ -62,10 +61,10 @@ func (d *Daemon) Explain(pid int) (*v1.Explanation, error) {
 			e.Workload.Kind = "cgroup"
 		}
 	}
-	e.Why = d.why(w, known, class, reason)
-	ancestors := d.cgroupAncestors(cgPath)
+	e.Why = c.why(w, known, class, reason)
+	ancestors := c.cgroupAncestors(cgPath)
 
-	snap := d.ledger.Snapshot(time.Now())
+	snap := c.Ledger.Snapshot(time.Now())
 	for _, g := range snap.GPUs {
 		eg := v1.ExplainGPU{Index: g.Index, State: g.State}
 		var lows []int
@@ -85,14 +84,14 @@ func (d *Daemon) Explain(pid int) (*v1.Explanation, error) {
 		if eg.Holds {
 			e.Holds = append(e.Holds, g.Index)
 		}
-		if d.lender != nil && d.lender.isLent(g.Index) {
+		if c.lent(g.Index) {
 			eg.Lent = true
 			eg.State = occupancy.Lent
 		}
-		if cg, ok := d.enforcer.reservation(g.Index); ok {
+		if cg, ok := c.Reservation(g.Index); ok {
 			eg.ReservedFor = cg
 		}
-		d.judge(&eg, class, lows, slices.Contains(ancestors, eg.ReservedFor) || eg.ReservedFor == info.CgroupID)
+		c.judge(&eg, class, lows, slices.Contains(ancestors, eg.ReservedFor) || eg.ReservedFor == info.CgroupID)
 		e.GPUs = append(e.GPUs, eg)
 	}
 	if !known && (class == occupancy.High || class == occupancy.Low) {
@@ -102,18 +101,14 @@ func (d *Daemon) Explain(pid int) (*v1.Explanation, error) {
 }
 
 // judge fills in the verdict for an open of g by a process of class, as the
-// gate and the enforcer would decide it now.
-func (d *Daemon) judge(g *v1.ExplainGPU, class occupancy.Priority, lows []int, reservedOK bool) {
-	if !d.monitoring.Load() || !d.cfg.Enforce {
+// gate and the controller would decide it now.
+func (c *Controller) judge(g *v1.ExplainGPU, class occupancy.Priority, lows []int, reservedOK bool) {
+	if !c.Monitoring() || !c.Enforce {
 		g.Allow, g.Rule = true, "enforcement off: allow"
 		return
 	}
-	held := preempt.Holding{High: g.HighHolders > 0, Low: g.LowHolders > 0}
-	if g.Lent {
-		// The owner's idle hold does not block its borrower (enforcer.sync).
-		held.High = false
-	}
-	v := preempt.Decide(held, class)
+	counts := occupancy.ClassCounts{High: uint32(g.HighHolders), Low: uint32(g.LowHolders)}
+	v := preempt.Decide(Holding(counts, g.Lent), class)
 	g.Allow, g.Rule = v.Allow, v.Rule
 	if v.Allow && class == occupancy.Low && g.ReservedFor != 0 && !reservedOK {
 		g.Allow, g.Rule = false, reservedRule
@@ -121,15 +116,15 @@ func (d *Daemon) judge(g *v1.ExplainGPU, class occupancy.Priority, lows []int, r
 		return
 	}
 	if v.KillHolders && len(lows) > 0 {
-		g.Effects = append(g.Effects, fmt.Sprintf("the low-priority holders are killed (pid %s)%s", joinPIDs(lows), d.reclaimWords("their")))
+		g.Effects = append(g.Effects, fmt.Sprintf("the low-priority holders are killed (pid %s)%s", joinPIDs(lows), c.reclaimWords("their")))
 	}
 	if v.ReclaimOpener {
-		g.Effects = append(g.Effects, "the refusal is recorded; it waits for the GPU (earliest request first)"+d.reclaimWords("its"))
+		g.Effects = append(g.Effects, "the refusal is recorded; it waits for the GPU (earliest request first)"+c.reclaimWords("its"))
 	}
 }
 
-func (d *Daemon) reclaimWords(whose string) string {
-	mode := d.cfg.Reclaim
+func (c *Controller) reclaimWords(whose string) string {
+	mode := c.Reclaim
 	if mode == "" {
 		mode = preempt.ReclaimStop
 	}
@@ -140,7 +135,7 @@ func (d *Daemon) reclaimWords(whose string) string {
 }
 
 // why puts a class's reason in words.
-func (d *Daemon) why(w workload.Workload, known bool, class occupancy.Priority, reason string) string {
+func (c *Controller) why(w workload.Workload, known bool, class occupancy.Priority, reason string) string {
 	what := "container"
 	if w.PodUID != "" {
 		what = "pod"
@@ -154,18 +149,15 @@ func (d *Daemon) why(w workload.Workload, known bool, class occupancy.Priority, 
 		}
 		return fmt.Sprintf("label %s=%s on its %s", workload.LabelPriority, class, what)
 	case workload.ReasonOverride:
-		if d.lender != nil {
-			d.lender.mu.Lock()
-			defer d.lender.mu.Unlock()
-			for gpu, b := range d.lender.borrowers {
-				if b.UID == w.PodUID {
-					return fmt.Sprintf("borrower of lent GPU %d: forced low whatever its label", gpu)
-				}
-			}
-			for gpu, o := range d.lender.owners {
-				if o.UID == w.PodUID {
-					return fmt.Sprintf("owner of GPU %d: forced high while it is lent", gpu)
-				}
+		c.mu.Lock()
+		loans := c.loans
+		c.mu.Unlock()
+		if loans != nil {
+			switch gpu, role, _ := loans.Role(w.PodUID); role {
+			case "borrower":
+				return fmt.Sprintf("borrower of lent GPU %d: forced low whatever its label", gpu)
+			case "owner":
+				return fmt.Sprintf("owner of GPU %d: forced high while it is lent", gpu)
 			}
 		}
 		return "forced by lending"
@@ -181,8 +173,8 @@ func (d *Daemon) why(w workload.Workload, known bool, class occupancy.Priority, 
 // cgroupAncestors returns the ids of the cgroup at path (under the cgroup
 // v2 root) and of its ancestors: the gate matches a reservation against
 // any of them.
-func (d *Daemon) cgroupAncestors(path string) []uint64 {
-	root := d.tracker.Proc.CgroupRoot
+func (c *Controller) cgroupAncestors(path string) []uint64 {
+	root := c.Proc.CgroupRoot
 	if root == "" || path == "" {
 		return nil
 	}

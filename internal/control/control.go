@@ -1,10 +1,14 @@
-package daemon
+// Package control serves gpud's control API on a unix socket (root only):
+// the state document, the monitoring switch and explain; api/v1.Client is
+// its client and lists its calls.
+package control
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -12,20 +16,27 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/gpud/gpud/internal/occupancy"
+	v1 "github.com/gpud/gpud/api/v1"
+	"github.com/gpud/gpud/internal/gate"
 )
 
-// The control socket is a small HTTP API on a unix socket (root only):
-//
-//	GET  /v1/state             the state document, as in the state file
-//	POST /v1/monitoring?on=B   the switch of patent claim 2
-//	GET  /v1/explain?pid=N     which rule applies to process N now (v1.Explanation)
-type controlServer struct {
+// Daemon is what the API reaches of the running gpud.
+type Daemon interface {
+	State() v1.StateFile
+	SetMonitoring(on bool) error
+	// Explain fails with gate.ErrNoSuchProcess for a PID with no process.
+	Explain(pid int) (*v1.Explanation, error)
+}
+
+// Server is the control socket's server.
+type Server struct {
 	srv *http.Server
 	ln  net.Listener
 }
 
-func (d *Daemon) serveControl(path string) (*controlServer, error) {
+// Serve serves d's control API at path until Close; a stale socket there
+// is replaced.
+func Serve(path string, d Daemon, log *slog.Logger) (*Server, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, fmt.Errorf("control socket: %w", err)
 	}
@@ -40,7 +51,7 @@ func (d *Daemon) serveControl(path string) (*controlServer, error) {
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/state", func(w http.ResponseWriter, r *http.Request) {
-		f := occupancy.Render(d.ledger.Snapshot(time.Now()), d.cfg.NodeName, d.monitoring.Load())
+		f := d.State()
 		w.Header().Set("Content-Type", "application/json")
 		json.NewEncoder(w).Encode(&f)
 	})
@@ -67,7 +78,7 @@ func (d *Daemon) serveControl(path string) (*controlServer, error) {
 			return
 		}
 		e, err := d.Explain(pid)
-		if errors.Is(err, ErrNoSuchProcess) {
+		if errors.Is(err, gate.ErrNoSuchProcess) {
 			http.Error(w, fmt.Sprintf("no process %d (on this node, in gpud's PID namespace)", pid), http.StatusNotFound)
 			return
 		}
@@ -78,28 +89,18 @@ func (d *Daemon) serveControl(path string) (*controlServer, error) {
 		w.Header().Set("Content-Type", "application/json")
 		json.NewEncoder(w).Encode(e)
 	})
-	cs := &controlServer{srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}, ln: ln}
+	cs := &Server{srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}, ln: ln}
 	go func() {
 		if err := cs.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			d.log.Error("control socket", "error", err)
+			log.Error("control socket", "error", err)
 		}
 	}()
 	return cs, nil
 }
 
-func (c *controlServer) Close() error {
+// Close stops serving.
+func (c *Server) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	return c.srv.Shutdown(ctx)
-}
-
-// ControlClient talks to a running gpud over its control socket.
-func ControlClient(socket string) *http.Client {
-	return &http.Client{
-		Timeout: 10 * time.Second,
-		Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", socket)
-		}},
-	}
 }

@@ -1,8 +1,16 @@
-package daemon
+// Package lending is the device plugin's backend that lends idle GPUs
+// (resource gpud.io/idle-gpu): one device per GPU, Healthy while the GPU is
+// lendable; owners and borrowers read from kubelet's PodResources, their
+// classes forced (a borrower low, an owner high); and the loan's end when
+// the owner comes back (a high-priority open, or its compute through NVML).
+// It depends on small interfaces, so that its decisions are tested without
+// root against fakes.
+package lending
 
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -14,26 +22,89 @@ import (
 	"time"
 
 	v1 "github.com/gpud/gpud/api/v1"
-
 	"github.com/gpud/gpud/internal/deviceplugin"
 	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/preempt"
 	"github.com/gpud/gpud/internal/workload"
-	"github.com/gpud/gpud/internal/workload/kube"
 	corev1 "k8s.io/api/core/v1"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
 
-// lender is the device plugin's backend (patent claim 1's lending): one
-// device per physical GPU, Healthy while the GPU is lendable, and the
-// bookkeeping of owners and borrowers from kubelet's PodResources.
-type lender struct {
+// Ledger is what the lender reads of GPU occupancy (*occupancy.Ledger).
+type Ledger interface {
+	Snapshot(now time.Time) occupancy.Snapshot
+	Holders(gpu int) []occupancy.ProcInfo
+	Has(pid int) (occupancy.ProcInfo, bool)
+}
+
+// Classes is the registry of workload classes (*workload.Registry).
+type Classes interface {
+	Lookup(info occupancy.ProcInfo) (workload.Workload, bool)
+	PodByName(namespace, name string) (workload.Workload, bool)
+	// Override forces a pod's class; "" removes the override.
+	Override(podUID string, p occupancy.Priority)
+}
+
+// Gate is the controller of the kernel gate (*gate.Controller).
+type Gate interface {
+	// Sync pushes the GPUs' policy (loans included) to the kernel now.
+	Sync()
+	// PreemptLow preempts a GPU's low-priority holders for by.
+	PreemptLow(gpu int, by occupancy.ProcInfo, reason string, decided time.Time) int
+	// Preempt preempts the given holders whatever their class; it returns
+	// how many it had not preempted already.
+	Preempt(gpu int, by occupancy.ProcInfo, holders []occupancy.ProcInfo, reason string) int
+}
+
+// PodResources lists the devices kubelet allocated, by resource name.
+type PodResources interface {
+	List(ctx context.Context) (map[string][]deviceplugin.PodDevices, error)
+}
+
+// Records are the preemption records (*preempt.Journal).
+type Records interface {
+	Recent() []preempt.Record
+}
+
+// Pods is the API server's view of this node's pods (nil without one).
+type Pods interface {
+	Requesting(resource corev1.ResourceName) []*corev1.Pod
+}
+
+// Events posts Events on pods (nil without an API server).
+type Events interface {
+	Create(ctx context.Context, w workload.Workload, typ, reason, msg string)
+}
+
+// Config is what the lender is told.
+type Config struct {
+	Resource       string // the lent resource, gpud.io/idle-gpu
+	OwnerResource  string // the resource through which owners hold GPUs, e.g. nvidia.com/gpu
+	LendFree       bool   // lend GPUs nobody holds, not only idle ones
+	DevDir         string // gpud's view of the device nodes
+	HostDevDir     string // the host's, for a gpud in a pod; "" = DevDir
+	CheckpointRoot string // checkpoint directories of preempted tasks; "" = none
+	GPUs           []occupancy.GPU
+}
+
+// Lender is the device plugin's backend (deviceplugin.Backend) and the
+// bookkeeping of owners and borrowers.
+type Lender struct {
 	deviceplugin.Notifier
-	d             *Daemon
-	resource      string // gpud.io/idle-gpu
-	ownerResource string // the resource through which owners hold GPUs, e.g. nvidia.com/gpu
-	podResources  string // kubelet's pod-resources socket
-	lendFree      bool
+	cfg          Config
+	ledger       Ledger
+	classes      Classes
+	gate         Gate
+	podResources PodResources
+	records      Records
+	// ProcInfo identifies a process NVML names that the ledger does not hold.
+	ProcInfo func(pid int) (occupancy.ProcInfo, error)
+	// Changed is called when owners or borrowers changed: holders are
+	// reclassified and the state file rewritten.
+	Changed func()
+	Pods    Pods   // optional
+	Events  Events // optional
+	Log     *slog.Logger
 
 	kick      chan struct{}
 	refreshMu sync.Mutex // one refresh at a time (run's ticker, and after Allocate)
@@ -49,7 +120,7 @@ type lender struct {
 	// seconds) but its opens are refused again, until a new Allocate.
 	takenBack map[int]bool
 
-	unallocated atomic.Uint64 // pods reported so
+	Unallocated atomic.Uint64 // pods reported running without their lent GPU
 }
 
 type podRef struct {
@@ -63,11 +134,16 @@ func (p podRef) String() string {
 	return p.Namespace + "/" + p.Name
 }
 
-func newLender(d *Daemon, resource, ownerResource, podResources string, lendFree bool) *lender {
-	return &lender{d: d, resource: resource, ownerResource: ownerResource, podResources: podResources,
-		lendFree: lendFree, kick: make(chan struct{}, 1), last: map[string]bool{}, owners: map[int]podRef{}, borrowers: map[int]podRef{},
+// New returns a lender; Changed, ProcInfo, Pods, Events and Log may be
+// set before Run.
+func New(cfg Config, ledger Ledger, classes Classes, gate Gate, pr PodResources, records Records) *Lender {
+	return &Lender{cfg: cfg, ledger: ledger, classes: classes, gate: gate, podResources: pr, records: records,
+		Log: slog.Default(), kick: make(chan struct{}, 1), last: map[string]bool{}, owners: map[int]podRef{}, borrowers: map[int]podRef{},
 		pending: map[int]time.Time{}, overrides: map[string]struct{}{}, reported: map[string]bool{}, takenBack: map[int]bool{}}
 }
+
+// Resource is the lent resource's name.
+func (l *Lender) Resource() string { return l.cfg.Resource }
 
 // deviceID names GPU g to kubelet.
 func deviceID(g occupancy.GPU) string { return "gpu-" + strconv.Itoa(g.Index) }
@@ -78,12 +154,12 @@ func gpuOfDevice(id string) (int, bool) {
 }
 
 // lendable reports whether a GPU in this state may be lent now.
-func (l *lender) lendable(g occupancy.GPUView) bool {
-	return g.State == occupancy.Idle || (l.lendFree && g.State == occupancy.Free)
+func (l *Lender) lendable(g occupancy.GPUView) bool {
+	return g.State == occupancy.Idle || (l.cfg.LendFree && g.State == occupancy.Free)
 }
 
-func (l *lender) Devices() []deviceplugin.Device {
-	snap := l.d.ledger.Snapshot(time.Now())
+func (l *Lender) Devices() []deviceplugin.Device {
+	snap := l.ledger.Snapshot(time.Now())
 	var out []deviceplugin.Device
 	for _, g := range snap.GPUs {
 		out = append(out, deviceplugin.Device{ID: deviceID(g.GPU), Healthy: l.lendable(g)})
@@ -91,9 +167,9 @@ func (l *lender) Devices() []deviceplugin.Device {
 	return out
 }
 
-// ledgerChanged is the ledger's change hook: it never blocks, and the
+// LedgerChanged is the ledger's change hook: it never blocks, and the
 // work is done (coalesced) by run.
-func (l *lender) ledgerChanged() {
+func (l *Lender) LedgerChanged() {
 	select {
 	case l.kick <- struct{}{}:
 	default:
@@ -101,7 +177,7 @@ func (l *lender) ledgerChanged() {
 }
 
 // changed re-lists when a GPU's lendability changed.
-func (l *lender) changed() {
+func (l *Lender) changed() {
 	devs := l.Devices()
 	l.mu.Lock()
 	diff := false
@@ -118,8 +194,8 @@ func (l *lender) changed() {
 }
 
 // Preferred: the longest-idle GPUs first.
-func (l *lender) Preferred(available, mustInclude []string, size int) []string {
-	snap := l.d.ledger.Snapshot(time.Now())
+func (l *Lender) Preferred(available, mustInclude []string, size int) []string {
+	snap := l.ledger.Snapshot(time.Now())
 	since := map[string]time.Time{}
 	for _, g := range snap.GPUs {
 		since[deviceID(g.GPU)] = g.LastActive
@@ -135,8 +211,8 @@ var controlNodes = []string{"nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvid
 
 // Allocate lends GPUs that are lendable now; a GPU that stopped being
 // lendable since the last list is refused, never silently granted.
-func (l *lender) Allocate(ids []string) (*pluginapi.ContainerAllocateResponse, error) {
-	snap := l.d.ledger.Snapshot(time.Now())
+func (l *Lender) Allocate(ids []string) (*pluginapi.ContainerAllocateResponse, error) {
+	snap := l.ledger.Snapshot(time.Now())
 	byIdx := map[int]occupancy.GPUView{}
 	for _, g := range snap.GPUs {
 		byIdx[g.Index] = g
@@ -165,8 +241,8 @@ func (l *lender) Allocate(ids []string) (*pluginapi.ContainerAllocateResponse, e
 		// claim 6: the task last preempted from this GPU and not resumed yet
 		// gets its checkpoint directory back (kubelet does not tell Allocate
 		// which pod asks).
-		if task := l.resumableTask(idx); task != "" && l.d.cfg.CheckpointRoot != "" {
-			if dir, err := preempt.TaskDir(l.d.cfg.CheckpointRoot, task); err == nil {
+		if task := l.resumableTask(idx); task != "" && l.cfg.CheckpointRoot != "" {
+			if dir, err := preempt.TaskDir(l.cfg.CheckpointRoot, task); err == nil {
 				r.Mounts = append(r.Mounts, &pluginapi.Mount{ContainerPath: "/gpud-checkpoint", HostPath: dir})
 				r.Envs["GPUD_RESUME_FROM"] = "/gpud-checkpoint"
 			}
@@ -177,7 +253,7 @@ func (l *lender) Allocate(ids []string) (*pluginapi.ContainerAllocateResponse, e
 		l.mu.Unlock()
 	}
 	for _, n := range controlNodes {
-		p := filepath.Join(l.d.cfg.DevDir, n)
+		p := filepath.Join(l.cfg.DevDir, n)
 		if st, err := os.Stat(p); err == nil && st.Mode()&os.ModeCharDevice != 0 {
 			r.Devices = append(r.Devices, &pluginapi.DeviceSpec{HostPath: l.hostPath(p), ContainerPath: "/dev/" + n, Permissions: "rw"})
 		}
@@ -185,27 +261,27 @@ func (l *lender) Allocate(ids []string) (*pluginapi.ContainerAllocateResponse, e
 	r.Envs["NVIDIA_VISIBLE_DEVICES"] = strings.Join(visible, ",")
 	r.Envs["GPUD_GPU"] = strings.Join(indexes, ",")
 	r.Envs["GPUD_OWNER"] = strings.Join(owners, ",")
-	l.d.log.Info("lending GPUs", "gpus", indexes, "owners", owners)
+	l.Log.Info("lending GPUs", "gpus", indexes, "owners", owners)
 	// The gate learns of the loan before kubelet starts the borrower (it
 	// does so only once Allocate returns): otherwise the borrower's first
 	// open could meet the owner's idle hold still counted as high.
-	l.d.enforcer.sync()
+	l.gate.Sync()
 	go l.refresh(context.Background()) // the borrower shows in PodResources once admitted
 	return &r, nil
 }
 
 // hostPath turns a node in gpud's --dev-dir into its path on the host
 // (--host-dev-dir): in a pod gpud sees the host's /dev elsewhere.
-func (l *lender) hostPath(p string) string {
-	if l.d.cfg.HostDevDir == "" {
+func (l *Lender) hostPath(p string) string {
+	if l.cfg.HostDevDir == "" {
 		return p
 	}
-	return filepath.Join(l.d.cfg.HostDevDir, filepath.Base(p))
+	return filepath.Join(l.cfg.HostDevDir, filepath.Base(p))
 }
 
 // ownerOf names a GPU's owner: the pod holding it through the owner
 // resource, else the workload that held it when it went idle.
-func (l *lender) ownerOf(idx int, g occupancy.GPUView) string {
+func (l *Lender) ownerOf(idx int, g occupancy.GPUView) string {
 	l.mu.Lock()
 	o := l.owners[idx]
 	l.mu.Unlock()
@@ -213,18 +289,18 @@ func (l *lender) ownerOf(idx int, g occupancy.GPUView) string {
 		return o.String()
 	}
 	for _, h := range g.Holders {
-		if w, ok := l.d.registry.Lookup(h.ProcInfo); ok && w.PodUID != "" {
+		if w, ok := l.classes.Lookup(h.ProcInfo); ok && w.PodUID != "" {
 			return w.Namespace + "/" + w.Name
 		}
 		if h.ContainerID != "" {
-			return "container/" + kube.ShortID(h.ContainerID)
+			return "container/" + shortID(h.ContainerID)
 		}
 	}
 	return ""
 }
 
-func (l *lender) resumableTask(gpu int) string {
-	recs := l.d.journal.Recent()
+func (l *Lender) resumableTask(gpu int) string {
+	recs := l.records.Recent()
 	for i := len(recs) - 1; i >= 0; i-- {
 		r := recs[i]
 		if r.GPU == gpu && r.Action == preempt.ActionKill && r.Victim.TaskID != "" {
@@ -240,23 +316,23 @@ func (l *lender) resumableTask(gpu int) string {
 // refresh reads owners and borrowers from PodResources and forces their
 // classes: a borrower is low priority whatever its label, an owner high
 // (so that the owner's open preempts its borrower through the rules).
-func (l *lender) refresh(ctx context.Context) {
+func (l *Lender) refresh(ctx context.Context) {
 	l.refreshMu.Lock()
 	defer l.refreshMu.Unlock()
-	alloc, err := deviceplugin.ListAllocated(ctx, l.podResources)
+	alloc, err := l.podResources.List(ctx)
 	if err != nil {
-		l.d.log.Debug("pod resources", "error", err)
+		l.Log.Debug("pod resources", "error", err)
 		return
 	}
 	owners, borrowers := map[int]podRef{}, map[int]podRef{}
-	for _, p := range alloc[l.resource] {
+	for _, p := range alloc[l.cfg.Resource] {
 		for _, id := range p.DeviceIDs {
 			if idx, ok := gpuOfDevice(id); ok {
 				borrowers[idx] = l.ref(p)
 			}
 		}
 	}
-	for _, p := range alloc[l.ownerResource] {
+	for _, p := range alloc[l.cfg.OwnerResource] {
 		for _, id := range p.DeviceIDs {
 			if idx, ok := l.gpuOfOwnerDevice(id); ok {
 				owners[idx] = l.ref(p)
@@ -303,49 +379,48 @@ func (l *lender) refresh(ctx context.Context) {
 	}
 	l.mu.Unlock()
 	for _, uid := range clear {
-		l.d.registry.Override(uid, "")
+		l.classes.Override(uid, "")
 	}
 	for uid, p := range forced {
-		l.d.registry.Override(uid, p)
+		l.classes.Override(uid, p)
 	}
-	if changed {
-		l.d.ledger.Reclassify(l.d.registry.ClassifyProc)
-		l.d.writer.Kick()
+	if changed && l.Changed != nil {
+		l.Changed()
 	}
-	l.reportUnallocated(alloc[l.resource])
+	l.reportUnallocated(alloc[l.cfg.Resource])
 }
 
 // reportUnallocated reports, once each, running pods that ask for the lent
 // resource but hold none of its devices: kubelet starts a pod admitted
 // before the plugin registered without the device, and does not fail it.
-func (l *lender) reportUnallocated(allocated []deviceplugin.PodDevices) {
-	if l.d.pods == nil {
+func (l *Lender) reportUnallocated(allocated []deviceplugin.PodDevices) {
+	if l.Pods == nil {
 		return
 	}
 	has := map[string]bool{}
 	for _, p := range allocated {
 		has[p.Namespace+"/"+p.Name] = true
 	}
-	for _, pod := range l.d.pods.Requesting(corev1.ResourceName(l.resource)) {
+	for _, pod := range l.Pods.Requesting(corev1.ResourceName(l.cfg.Resource)) {
 		uid := string(pod.UID)
 		if has[pod.Namespace+"/"+pod.Name] || l.reported[uid] {
 			continue
 		}
 		l.reported[uid] = true
-		l.unallocated.Add(1)
-		l.d.log.Warn("pod runs without the GPU it asked for: admitted before gpud registered",
-			"pod", pod.Namespace+"/"+pod.Name, "resource", l.resource)
-		if l.d.events != nil {
+		l.Unallocated.Add(1)
+		l.Log.Warn("pod runs without the GPU it asked for: admitted before gpud registered",
+			"pod", pod.Namespace+"/"+pod.Name, "resource", l.cfg.Resource)
+		if l.Events != nil {
 			w := workload.Workload{PodUID: uid, Namespace: pod.Namespace, Name: pod.Name}
-			l.d.events.Create(context.Background(), w, corev1.EventTypeWarning, "GPUNotAllocated",
-				fmt.Sprintf("this pod asked for %s but runs without it: it was admitted before gpud's device plugin registered; delete it to get a GPU", l.resource))
+			l.Events.Create(context.Background(), w, corev1.EventTypeWarning, "GPUNotAllocated",
+				fmt.Sprintf("this pod asked for %s but runs without it: it was admitted before gpud's device plugin registered; delete it to get a GPU", l.cfg.Resource))
 		}
 	}
 }
 
-func (l *lender) ref(p deviceplugin.PodDevices) podRef {
+func (l *Lender) ref(p deviceplugin.PodDevices) podRef {
 	r := podRef{Namespace: p.Namespace, Name: p.Name}
-	if w, ok := l.d.registry.PodByName(p.Namespace, p.Name); ok {
+	if w, ok := l.classes.PodByName(p.Namespace, p.Name); ok {
 		r.UID = w.PodUID
 	}
 	return r
@@ -353,8 +428,8 @@ func (l *lender) ref(p deviceplugin.PodDevices) podRef {
 
 // gpuOfOwnerDevice maps another plugin's device ID to a GPU: NVIDIA's
 // plugin uses GPU UUIDs; an index or "nvidiaN" is accepted too.
-func (l *lender) gpuOfOwnerDevice(id string) (int, bool) {
-	for _, g := range l.d.gpus {
+func (l *Lender) gpuOfOwnerDevice(id string) (int, bool) {
+	for _, g := range l.cfg.GPUs {
 		if (g.UUID != "" && id == g.UUID) || id == strconv.Itoa(g.Index) || id == "nvidia"+strconv.Itoa(g.Index) || id == deviceID(g) {
 			return g.Index, true
 		}
@@ -374,11 +449,11 @@ func mapsEqual(a, b map[int]podRef) bool {
 	return true
 }
 
-// activity handles NVML's report of the processes using a GPU: when the
+// Activity handles NVML's report of the processes using a GPU: when the
 // owner of a lent GPU uses it again, its borrower is preempted, as when the
 // owner opens it (claim 1: the owner asks for its GPU back).
-func (l *lender) activity(gpu int, pids []uint32) {
-	if !l.isLent(gpu) {
+func (l *Lender) Activity(gpu int, pids []uint32) {
+	if !l.IsLent(gpu) {
 		return
 	}
 	l.mu.Lock()
@@ -388,25 +463,26 @@ func (l *lender) activity(gpu int, pids []uint32) {
 		return
 	}
 	for _, pid := range pids {
-		info, ok := l.d.ledger.Has(int(pid))
+		info, ok := l.ledger.Has(int(pid))
 		if !ok {
 			var err error
-			if info, err = l.d.tracker.Proc.Info(int(pid)); err != nil {
+			if l.ProcInfo == nil {
+				continue
+			}
+			if info, err = l.ProcInfo(int(pid)); err != nil {
 				continue
 			}
 		}
 		if info.PodUID != owner.UID {
 			continue
 		}
-		l.takeBack(gpu)
-		victims := l.d.enforcer.lowHolders(gpu, fmt.Sprintf("the owner is active on GPU %d again", gpu))
-		if len(victims) > 0 {
-			l.d.log.Info("owner active on its lent GPU: taking it back", "gpu", gpu, "owner", owner.String(), "pid", pid)
-			l.d.enforcer.preempt(gpu, info, victims, time.Now())
+		l.TakeBack(gpu)
+		if l.gate.PreemptLow(gpu, info, fmt.Sprintf("the owner is active on GPU %d again", gpu), time.Now()) > 0 {
+			l.Log.Info("owner active on its lent GPU: taking it back", "gpu", gpu, "owner", owner.String(), "pid", pid)
 		} else {
 			// reclaimTakenBack preempts the borrower once its class is known.
-			l.d.log.Debug("owner active on its lent GPU: no low holder yet", "gpu", gpu, "owner", owner.String(),
-				"holders", holderClasses(l.d.ledger.Holders(gpu)))
+			l.Log.Debug("owner active on its lent GPU: no low holder yet", "gpu", gpu, "owner", owner.String(),
+				"holders", holderClasses(l.ledger.Holders(gpu)))
 		}
 		return
 	}
@@ -428,7 +504,7 @@ func holderClasses(hs []occupancy.ProcInfo) []string {
 // the owner came back) would otherwise keep the GPU beside its owner.
 // Called every second and after each change of owners or borrowers; the
 // executor never kills a process twice.
-func (l *lender) reclaimTakenBack() {
+func (l *Lender) reclaimTakenBack() {
 	type job struct {
 		gpu      int
 		owner    string
@@ -443,10 +519,9 @@ func (l *lender) reclaimTakenBack() {
 	}
 	l.mu.Unlock()
 	for _, j := range jobs {
-		reason := fmt.Sprintf("GPU %d was taken back by its owner", j.gpu)
-		var victims []preempt.Victim
+		var victims []occupancy.ProcInfo
 		var pre occupancy.ProcInfo // the owner's holder, else another high one
-		for _, h := range l.d.ledger.Holders(j.gpu) {
+		for _, h := range l.ledger.Holders(j.gpu) {
 			switch {
 			case j.owner != "" && h.PodUID == j.owner:
 				pre = h
@@ -455,9 +530,7 @@ func (l *lender) reclaimTakenBack() {
 					pre = h
 				}
 			case h.Priority == occupancy.Low || (j.borrower != "" && h.PodUID == j.borrower):
-				if v := l.d.enforcer.victim(h, reason); !l.d.enforcer.exec.Handled(v) {
-					victims = append(victims, v)
-				}
+				victims = append(victims, h)
 			}
 		}
 		// Only against a holder of high priority: once the owner has let
@@ -465,14 +538,15 @@ func (l *lender) reclaimTakenBack() {
 		if pre.PID == 0 || len(victims) == 0 {
 			continue
 		}
-		l.d.log.Info("borrower still holds a GPU taken back: preempting it", "gpu", j.gpu, "holders", len(victims))
-		l.d.enforcer.preempt(j.gpu, pre, victims, time.Now())
+		if n := l.gate.Preempt(j.gpu, pre, victims, fmt.Sprintf("GPU %d was taken back by its owner", j.gpu)); n > 0 {
+			l.Log.Info("borrower still holds a GPU taken back: preempting it", "gpu", j.gpu, "holders", n)
+		}
 	}
 }
 
-// takeBack ends gpu's loan, if any: a high-priority process opened it or
+// TakeBack ends gpu's loan, if any: a high-priority process opened it or
 // its owner is active on it again.
-func (l *lender) takeBack(gpu int) {
+func (l *Lender) TakeBack(gpu int) {
 	l.mu.Lock()
 	_, borrowed := l.borrowers[gpu]
 	_, pending := l.pending[gpu]
@@ -492,12 +566,12 @@ func (l *lender) takeBack(gpu int) {
 	if (borrowed || pending) && !l.takenBack[gpu] {
 		l.takenBack[gpu] = true
 		delete(l.pending, gpu)
-		l.d.log.Info("loan ended: the GPU is its owner's again", "gpu", gpu, "borrower", l.borrowers[gpu].String())
+		l.Log.Info("loan ended: the GPU is its owner's again", "gpu", gpu, "borrower", l.borrowers[gpu].String())
 	}
 }
 
-// isLent reports whether gpu is lent (allocated to a borrower, or about to be).
-func (l *lender) isLent(gpu int) bool {
+// IsLent reports whether gpu is lent (allocated to a borrower, or about to be).
+func (l *Lender) IsLent(gpu int) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.takenBack[gpu] {
@@ -510,8 +584,8 @@ func (l *lender) isLent(gpu int) bool {
 	return ok && time.Since(t) < 30*time.Second
 }
 
-// decorate shows loans in the state file: state lent, owner, borrower.
-func (l *lender) decorate(f *v1.StateFile) {
+// Decorate shows loans in the state file: state lent, owner, borrower.
+func (l *Lender) Decorate(f *v1.StateFile) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for i := range f.GPUs {
@@ -526,8 +600,8 @@ func (l *lender) decorate(f *v1.StateFile) {
 	}
 }
 
-// run keeps owners and borrowers current and the device list in step.
-func (l *lender) run(ctx context.Context) {
+// Run keeps owners and borrowers current and the device list in step.
+func (l *Lender) Run(ctx context.Context) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {
@@ -542,4 +616,40 @@ func (l *lender) run(ctx context.Context) {
 			l.reclaimTakenBack()
 		}
 	}
+}
+
+// Role says what lending made of a pod: the borrower of a lent GPU, or
+// the owner of one.
+func (l *Lender) Role(podUID string) (gpu int, role string, ok bool) {
+	if podUID == "" {
+		return 0, "", false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for g, b := range l.borrowers {
+		if b.UID == podUID {
+			return g, "borrower", true
+		}
+	}
+	for g, o := range l.owners {
+		if o.UID == podUID {
+			return g, "owner", true
+		}
+	}
+	return 0, "", false
+}
+
+// Socket lists PodResources from kubelet's socket at a path.
+type Socket string
+
+// List implements PodResources.
+func (s Socket) List(ctx context.Context) (map[string][]deviceplugin.PodDevices, error) {
+	return deviceplugin.ListAllocated(ctx, string(s))
+}
+
+func shortID(id string) string {
+	if len(id) > 12 {
+		return id[:12]
+	}
+	return id
 }

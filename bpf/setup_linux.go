@@ -1,0 +1,23 @@
+package bpf
+
+// Setup loads and attaches the programs (Load), then tells them the GPUs
+// (kernel device number → GPU index), the monitoring switch, and the
+// registered gpud: its own opens (NVML) are exempt from the gate, and so is
+// selfCgroup (0 for none: gpud in the root cgroup would exempt the host).
+func Setup(opts Options, gpus map[uint32]uint32, monitoring bool, self uint32, selfCgroup uint64) (*Monitor, error) {
+	m, err := Load(opts)
+	if err != nil {
+		return nil, err
+	}
+	for _, step := range []func() error{
+		func() error { return m.SetGPUs(gpus) },
+		func() error { return m.SetMonitoring(monitoring) },
+		func() error { return m.Register(self, selfCgroup) },
+	} {
+		if err := step(); err != nil {
+			m.Close()
+			return nil, err
+		}
+	}
+	return m, nil
+}

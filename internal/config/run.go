@@ -1,0 +1,125 @@
+package config
+
+import (
+	"time"
+
+	v1 "github.com/gpud/gpud/api/v1"
+)
+
+// Run is every setting of `gpud run`, typed. Defaults is the one place its
+// default values are written: the flags take their defaults from it, and
+// Complete fills in from it what a caller that builds a Run by hand (tests)
+// left empty.
+type Run struct {
+	DevDir         string
+	StateFile      string
+	StateDir       string
+	ControlSocket  string // "" disables
+	IdleAfter      time.Duration
+	ResyncInterval time.Duration // safety-net full /proc reconciliation; 0 disables
+	NodeName       string
+	CgroupRoot     string // "" detects
+	ProcRoot       string
+	UseNVML        bool
+	RingBytes      uint32 // kernel → user ring buffer size
+
+	// The gate and preemption.
+	Enforce         bool
+	FailOpenAfter   time.Duration
+	DefaultPriority v1.Priority
+	PreemptGrace    time.Duration
+	Reclaim         string // stop | remove | evict | delete | none
+	ReservationTTL  time.Duration
+	CheckpointRoot  string
+	DockerHost      string // "" : $DOCKER_HOST or the default socket; "none" disables
+	// KubeConfig names the API server for pod labels; "" uses the in-cluster
+	// config when running in a pod, and no API server otherwise.
+	KubeConfig string
+	// CRIEndpoint is the container runtime's socket, for pod labels from
+	// sandboxes when there is no API server; "" picks containerd's or
+	// CRI-O's default socket when present, "none" disables.
+	CRIEndpoint string
+
+	// Lending idle GPUs through a kubelet device plugin.
+	DevicePlugin       bool
+	ResourceName       string
+	OwnerResource      string
+	KubeletDir         string
+	PodResourcesSocket string
+	LendFree           bool
+	HostDevDir         string // --dev-dir as the host sees it (gpud in a pod); "" = the same
+
+	// MetricsAddr serves /metrics, /healthz and /readyz; "" disables.
+	MetricsAddr string
+	// Version is reported in gpud_build_info.
+	Version string
+
+	// PinDir (on a bpffs, e.g. /sys/fs/bpf/gpud) keeps the gate attached
+	// across gpud restarts and crashes; "" pins nothing.
+	PinDir string
+	// KeepEnforcing leaves the pinned gate attached when gpud stops (it
+	// fails open after FailOpenAfter without a heartbeat); false removes it.
+	KeepEnforcing bool
+}
+
+// Defaults returns gpud run's defaults.
+func Defaults() Run {
+	return Run{
+		DevDir:             "/dev",
+		StateFile:          "/run/gpud/state.json",
+		StateDir:           "/var/lib/gpud",
+		ControlSocket:      v1.DefaultSocket,
+		IdleAfter:          5 * time.Minute,
+		ResyncInterval:     time.Minute,
+		ProcRoot:           "/proc",
+		UseNVML:            true,
+		RingBytes:          4 << 20,
+		Enforce:            true,
+		FailOpenAfter:      30 * time.Second,
+		DefaultPriority:    v1.Unmanaged,
+		Reclaim:            "stop",
+		ReservationTTL:     30 * time.Second,
+		CheckpointRoot:     "/var/lib/gpud/checkpoints",
+		ResourceName:       "gpud.io/idle-gpu",
+		OwnerResource:      "nvidia.com/gpu",
+		KubeletDir:         "/var/lib/kubelet/device-plugins",
+		PodResourcesSocket: "/var/lib/kubelet/pod-resources/kubelet.sock",
+		MetricsAddr:        ":9407",
+		PinDir:             "/sys/fs/bpf/gpud",
+		KeepEnforcing:      true,
+	}
+}
+
+// Complete fills in from Defaults the settings that have no meaning when
+// empty or zero (a path, a resource name, a positive duration); settings
+// whose empty value means "off" (ControlSocket, MetricsAddr, PinDir,
+// ResyncInterval, CheckpointRoot) are left as they are.
+func (r Run) Complete() Run {
+	d := Defaults()
+	str := func(p *string, def string) {
+		if *p == "" {
+			*p = def
+		}
+	}
+	dur := func(p *time.Duration, def time.Duration) {
+		if *p <= 0 {
+			*p = def
+		}
+	}
+	str(&r.DevDir, d.DevDir)
+	str(&r.StateDir, d.StateDir)
+	str(&r.ProcRoot, d.ProcRoot)
+	str(&r.Reclaim, d.Reclaim)
+	str(&r.ResourceName, d.ResourceName)
+	str(&r.OwnerResource, d.OwnerResource)
+	str(&r.KubeletDir, d.KubeletDir)
+	str(&r.PodResourcesSocket, d.PodResourcesSocket)
+	str((*string)(&r.DefaultPriority), string(d.DefaultPriority))
+	dur(&r.IdleAfter, d.IdleAfter)
+	dur(&r.FailOpenAfter, d.FailOpenAfter)
+	dur(&r.ReservationTTL, d.ReservationTTL)
+	if r.RingBytes == 0 {
+		r.RingBytes = d.RingBytes
+	}
+	return r
+}

@@ -1,0 +1,417 @@
+// Package gate is the user-space controller of the kernel gate: it keeps
+// each GPU's policy in the gate's maps (holder counts by class, loans,
+// reservations), queues refused low-priority requests earliest first, and
+// turns the gate's events and opens it could not judge into preemptions.
+// Holding is the one statement of what the rule table sees of a GPU's
+// holders now (a loan included): the policy Sync pushes, the after-the-fact
+// rule of Opened and Explain's verdicts all go through it.
+package gate
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gpud/gpud/bpf"
+	"github.com/gpud/gpud/internal/occupancy"
+	"github.com/gpud/gpud/internal/preempt"
+	"github.com/gpud/gpud/internal/workload"
+)
+
+// Kernel is the gate's side in the kernel (bpf.Monitor).
+type Kernel interface {
+	SetGPUPolicy(gpu uint32, p bpf.GPUPolicy, confirmedMono uint64) error
+	SetCgroupPriority(cgroupID uint64, prio uint32) error
+	ForgetCgroup(cgroupID uint64) error
+}
+
+// Loans is the lender as the gate sees it: a lent GPU's idle owner does
+// not block its borrower, and a high-priority open ends the loan.
+type Loans interface {
+	IsLent(gpu int) bool
+	TakeBack(gpu int)
+	// Role says what lending made of a pod: "borrower" or "owner" of gpu.
+	Role(podUID string) (gpu int, role string, ok bool)
+}
+
+// Controller turns the gate's events and the ledger into actions and keeps
+// the gate's per-GPU policy current.
+type Controller struct {
+	Ledger   *occupancy.Ledger
+	Registry *workload.Registry
+	Exec     *preempt.Executor
+	Kernel   Kernel
+	// Identify names the process behind a gate event (the tracker's).
+	Identify func(pid int, ev *bpf.Event) occupancy.ProcInfo
+	// Wall turns an event's CLOCK_MONOTONIC time into wall time.
+	Wall func(mono uint64) time.Time
+	// Changed is called when something the state file shows changed
+	// outside the ledger (a preempted task resumed).
+	Changed func()
+	Log     *slog.Logger
+	// TTL is how long a freed GPU waits for its earliest refused requester.
+	TTL time.Duration
+
+	// For Explain.
+	Proc       *occupancy.ProcFS
+	Enforce    bool
+	Reclaim    string
+	Monitoring func() bool
+
+	Denials atomic.Uint64 // refusals recorded
+
+	ctx   context.Context
+	loans Loans
+
+	mu        sync.Mutex
+	waiters   map[int][]waiter // GPU → denied low-priority requests, oldest first
+	reserved  map[int]waiter   // GPU → the waiter it is reserved for
+	until     map[int]uint64   // GPU → reservation end, CLOCK_MONOTONIC
+	last      map[int]bpf.GPUPolicy
+	lastConf  map[int]uint64 // GPU → when the gate was last told "confirmed up to"
+	drainedAt uint64         // the latest time the ring buffer was seen drained
+}
+
+// confirmEvery bounds how often an unchanged policy is re-confirmed to the
+// gate (two map writes): under a churn of opens the ring buffer drains
+// constantly. A stale confirmation only keeps refusing low opens for at
+// most this long after a high-priority open's mark.
+const confirmEvery = uint64(time.Millisecond)
+
+type waiter struct {
+	cgroupID    uint64
+	containerID string
+	workload    string // preempt.Target.Key of the requester's pod or container
+	since       time.Time
+}
+
+// Start sets the context preemptions run under (the daemon's) and the
+// lender (nil without lending); call it before events flow.
+func (c *Controller) Start(ctx context.Context, loans Loans) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.ctx, c.loans = ctx, loans
+}
+
+func (c *Controller) init() {
+	if c.waiters == nil {
+		c.waiters, c.reserved, c.until = map[int][]waiter{}, map[int]waiter{}, map[int]uint64{}
+		c.last, c.lastConf = map[int]bpf.GPUPolicy{}, map[int]uint64{}
+	}
+}
+
+func (c *Controller) context() context.Context {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ctx == nil {
+		return context.Background()
+	}
+	return c.ctx
+}
+
+func (c *Controller) lent(gpu int) bool {
+	c.mu.Lock()
+	l := c.loans
+	c.mu.Unlock()
+	return l != nil && l.IsLent(gpu)
+}
+
+func (c *Controller) takeBack(gpu int) {
+	c.mu.Lock()
+	l := c.loans
+	c.mu.Unlock()
+	if l != nil {
+		l.TakeBack(gpu)
+	}
+}
+
+// Holding is what the rules see of a GPU's holders: a lent GPU's idle
+// owner does not block its borrower (the owner's next open still preempts
+// the borrower, through the gate's high mark).
+func Holding(counts occupancy.ClassCounts, lent bool) preempt.Holding {
+	return preempt.Holding{High: counts.High > 0 && !lent, Low: counts.Low > 0}
+}
+
+func party(info occupancy.ProcInfo, taskID string) preempt.Party {
+	return preempt.Party{PID: info.PID, Comm: info.Comm, ContainerID: info.ContainerID, PodUID: info.PodUID,
+		TaskID: taskID, CgroupID: info.CgroupID}
+}
+
+func (c *Controller) taskID(info occupancy.ProcInfo) string {
+	if w, ok := c.Registry.Lookup(info); ok {
+		return w.TaskID
+	}
+	return ""
+}
+
+// workload names what a process's reclaim acts on: its pod when gpud knows
+// the pod, else its container.
+func (c *Controller) workload(info occupancy.ProcInfo, reason string) preempt.Target {
+	if w, ok := c.Registry.Lookup(info); ok && w.PodUID != "" {
+		return preempt.Target{PodUID: w.PodUID, Namespace: w.Namespace, Name: w.Name, Reason: reason}
+	}
+	if info.PodUID != "" {
+		return preempt.Target{PodUID: info.PodUID, Reason: reason} // unknown pod: not reclaimed
+	}
+	return preempt.Target{ContainerID: info.ContainerID, Reason: reason}
+}
+
+func (c *Controller) victim(info occupancy.ProcInfo, reason string) preempt.Victim {
+	return preempt.Victim{ProcInfo: info, TaskID: c.taskID(info), Workload: c.workload(info, reason)}
+}
+
+// lowHolders returns the low-priority holders of gpu as victims.
+func (c *Controller) lowHolders(gpu int, reason string) []preempt.Victim {
+	var out []preempt.Victim
+	for _, h := range c.Ledger.Holders(gpu) {
+		if h.Priority == occupancy.Low {
+			out = append(out, c.victim(h, reason))
+		}
+	}
+	return out
+}
+
+// PreemptLow preempts gpu's low-priority holders for by (the high-priority
+// side, named in the record); it returns how many it set out to preempt.
+func (c *Controller) PreemptLow(gpu int, by occupancy.ProcInfo, reason string, decided time.Time) int {
+	victims := c.lowHolders(gpu, reason)
+	if len(victims) > 0 {
+		c.preempt(gpu, by, victims, decided)
+	}
+	return len(victims)
+}
+
+// Preempt preempts holders of gpu for by, whatever their class (a
+// borrower whose class is not known yet); the executor acts once per
+// process however often it is asked. It returns how many were new.
+func (c *Controller) Preempt(gpu int, by occupancy.ProcInfo, holders []occupancy.ProcInfo, reason string) int {
+	var victims []preempt.Victim
+	for _, h := range holders {
+		if v := c.victim(h, reason); !c.Exec.Handled(v) {
+			victims = append(victims, v)
+		}
+	}
+	if len(victims) > 0 {
+		c.preempt(gpu, by, victims, time.Now())
+	}
+	return len(victims)
+}
+
+func (c *Controller) preempt(gpu int, pre occupancy.ProcInfo, victims []preempt.Victim, decided time.Time) {
+	v := preempt.Decide(preempt.Holding{Low: true}, occupancy.High)
+	c.Exec.Preempt(c.context(), gpu, v.Rule, party(pre, c.taskID(pre)), victims, decided, nil)
+}
+
+// HandleEvent handles the gate's events, emitted at decision time.
+func (c *Controller) HandleEvent(ev *bpf.Event) {
+	gpu := int(ev.GPU)
+	switch ev.Type {
+	case bpf.EventGateHigh:
+		c.takeBack(gpu)
+		// Kill first; the preemptor's identity is only for the record.
+		victims := c.lowHolders(gpu, fmt.Sprintf("a high-priority process opened GPU %d", gpu))
+		if len(victims) == 0 {
+			return
+		}
+		c.preempt(gpu, c.opener(ev), victims, c.Wall(ev.Mono))
+	case bpf.EventDeny:
+		opener := c.opener(ev)
+		target := c.workload(opener, fmt.Sprintf("refused GPU %d, held by high priority", gpu))
+		if c.addWaiter(gpu, waiter{cgroupID: ev.CgroupID, containerID: opener.ContainerID, workload: target.Key(), since: c.Wall(ev.Mono)}) {
+			v := preempt.Decide(preempt.Holding{High: true}, occupancy.Low)
+			c.Denials.Add(1)
+			c.Exec.Denied(c.context(), gpu, v.Rule, party(opener, c.taskID(opener)), target, v.ReclaimOpener)
+		}
+	}
+}
+
+// opener identifies the process behind a gate event. The event's cgroup
+// is the classified cgroup that decided (a pod's or a container's): it
+// names the workload even when the opener has exited before /proc could be
+// read, as a refused opener often has.
+func (c *Controller) opener(ev *bpf.Event) occupancy.ProcInfo {
+	info := c.Identify(int(ev.TGID), ev)
+	if w, ok := c.Registry.Lookup(occupancy.ProcInfo{CgroupID: ev.CgroupID}); ok {
+		if info.ContainerID == "" && info.PodUID == "" {
+			info.ContainerID, info.PodUID = w.ContainerID, w.PodUID
+		}
+		info.Priority = w.Priority
+	}
+	if ev.CgroupID != 0 {
+		info.CgroupID = ev.CgroupID // the waiter's cgroup: covers the whole workload
+	}
+	return info
+}
+
+// addWaiter queues a denied request; false when that cgroup already waits.
+func (c *Controller) addWaiter(gpu int, w waiter) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.init()
+	for _, x := range c.waiters[gpu] {
+		if x.cgroupID == w.cgroupID {
+			return false
+		}
+	}
+	if r, ok := c.reserved[gpu]; ok && r.cgroupID == w.cgroupID {
+		return false
+	}
+	c.waiters[gpu] = append(c.waiters[gpu], w)
+	sort.SliceStable(c.waiters[gpu], func(i, j int) bool { return c.waiters[gpu][i].since.Before(c.waiters[gpu][j].since) })
+	return true
+}
+
+// DropWaiters removes the requests of a workload (preempt.Target.Key) that
+// is gone, reclaimed after its refusal: a freed GPU must not wait for it.
+func (c *Controller) DropWaiters(key string) {
+	if key == "" {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for gpu, ws := range c.waiters {
+		kept := ws[:0]
+		for _, w := range ws {
+			if w.workload != key {
+				kept = append(kept, w)
+			}
+		}
+		c.waiters[gpu] = kept
+	}
+	for gpu, r := range c.reserved {
+		if r.workload == key {
+			delete(c.reserved, gpu)
+			delete(c.until, gpu)
+		}
+	}
+}
+
+// Opened handles a recorded open (the tracker's hook): a preempted task's
+// resume mark, a reservation's fulfilment, and the rules for opens the
+// gate could not judge (a workload classified only after its open).
+func (c *Controller) Opened(info occupancy.ProcInfo, gpu int, ev *bpf.Event) {
+	if task := c.taskID(info); task != "" && c.Exec.Journal != nil {
+		if rec, ok, err := c.Exec.Journal.Resumed(task, time.Now()); err != nil {
+			c.Log.Error("marking resumed", "task_id", task, "error", err)
+		} else if ok {
+			c.Log.Info("preempted task resumed", "task_id", task, "record_id", rec.ID, "gpu", gpu)
+			if c.Changed != nil {
+				c.Changed()
+			}
+		}
+	}
+	c.mu.Lock()
+	if r, ok := c.reserved[gpu]; ok && (r.cgroupID == ev.CgroupID || (r.containerID != "" && r.containerID == info.ContainerID)) {
+		delete(c.reserved, gpu)
+		delete(c.until, gpu)
+	}
+	c.mu.Unlock()
+
+	counts := c.Ledger.Counts()[gpu]
+	switch info.Priority {
+	case occupancy.High:
+		if c.lent(gpu) {
+			c.takeBack(gpu)                 // the borrower's later opens are refused again
+			counts = c.Ledger.Counts()[gpu] // the borrower may have just been classified
+		}
+		if counts.Low > 0 {
+			c.preempt(gpu, info, c.lowHolders(gpu, fmt.Sprintf("a high-priority process opened GPU %d", gpu)), c.Wall(ev.Mono))
+		}
+	case occupancy.Low:
+		// A borrower opening its lent GPU while the owner idles is the loan.
+		if Holding(counts, c.lent(gpu)).High {
+			// Got past the gate unclassified: the deny rule, after the fact.
+			v := preempt.Decide(preempt.Holding{High: true}, occupancy.Low)
+			c.Exec.Preempt(c.context(), gpu, v.Rule+" (after the open)", preempt.Party{},
+				[]preempt.Victim{c.victim(info, fmt.Sprintf("opened GPU %d, held by high priority", gpu))}, time.Now(), nil)
+		}
+	}
+}
+
+// Drained is the tracker's hook: every event queued before mono is applied.
+func (c *Controller) Drained(mono uint64) {
+	c.mu.Lock()
+	if mono > c.drainedAt {
+		c.drainedAt = mono
+	}
+	c.mu.Unlock()
+	c.Sync()
+}
+
+// Sync pushes per-GPU counts and reservations to the gate, then confirms
+// that events up to the last drain are reflected: never further, or a
+// high-priority open whose event is still queued would lose its mark.
+// Called whenever the ring buffer is drained, and every second.
+func (c *Controller) Sync() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.init()
+	// The counts are read after the drain time they will be confirmed for,
+	// so they reflect at least every event queued before it (a count read
+	// earlier by a concurrent sync must never go out with a later drain).
+	mono := c.drainedAt
+	counts := c.Ledger.Counts()
+	for gpu, n := range counts {
+		if n.High > 0 {
+			// Reservations start when the high-priority holders are gone.
+			delete(c.reserved, gpu)
+			delete(c.until, gpu)
+		} else if _, ok := c.reserved[gpu]; ok && mono > c.until[gpu] {
+			delete(c.reserved, gpu) // expired: the next waiter's turn
+			delete(c.until, gpu)
+		}
+		if _, ok := c.reserved[gpu]; !ok && n.High == 0 && len(c.waiters[gpu]) > 0 {
+			c.reserved[gpu] = c.waiters[gpu][0]
+			c.waiters[gpu] = c.waiters[gpu][1:]
+			c.until[gpu] = mono + uint64(c.TTL.Nanoseconds())
+			c.Log.Info("GPU reserved for the earliest waiter", "gpu", gpu,
+				"cgroup_id", c.reserved[gpu].cgroupID, "container_id", c.reserved[gpu].containerID, "ttl", c.TTL)
+		}
+		p := bpf.GPUPolicy{Low: n.Low}
+		if Holding(n, c.loans != nil && c.loans.IsLent(gpu)).High {
+			p.High = n.High
+		}
+		if r, ok := c.reserved[gpu]; ok {
+			p.ReservedCgroup, p.ReservedUntil = r.cgroupID, c.until[gpu]
+		}
+		if last, ok := c.last[gpu]; ok && last == p && mono-c.lastConf[gpu] < confirmEvery {
+			continue
+		}
+		if err := c.Kernel.SetGPUPolicy(uint32(gpu), p, mono); err != nil {
+			c.Log.Error("updating the gate", "gpu", gpu, "error", err)
+			continue
+		}
+		c.last[gpu], c.lastConf[gpu] = p, mono
+	}
+}
+
+// ClassChanged is the registry's hook (workload.Registry.OnChange): the
+// gate learns a cgroup's class (p is high, low, or "" for no longer
+// classified), and the holders are classified again.
+func (c *Controller) ClassChanged(cgroupID uint64, p occupancy.Priority) {
+	var err error
+	switch p {
+	case occupancy.High:
+		err = c.Kernel.SetCgroupPriority(cgroupID, bpf.PrioHigh)
+	case occupancy.Low:
+		err = c.Kernel.SetCgroupPriority(cgroupID, bpf.PrioLow)
+	default:
+		err = c.Kernel.ForgetCgroup(cgroupID)
+	}
+	if err != nil {
+		c.Log.Error("updating the gate's cgroups", "cgroup_id", cgroupID, "error", err)
+	}
+	c.Ledger.Reclassify(c.Registry.ClassifyProc)
+}
+
+// Reservation reports whom gpu is reserved for, by cgroup id.
+func (c *Controller) Reservation(gpu int) (uint64, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	r, ok := c.reserved[gpu]
+	return r.cgroupID, ok
+}
