@@ -35,7 +35,7 @@ test: build k8s
 	scripts/dockerd.sh start
 	@set -e; trap 'scripts/cluster.sh down $(CLUSTER_DIR); scripts/dockerd.sh stop' EXIT; \
 	scripts/image.sh; \
-	$(GO) vet ./...; \
+	$(MAKE) --no-print-directory lint; \
 	$(GO) test $(TESTFLAGS) ./...; \
 	GO=$(GO) FUZZTIME=$(FUZZTIME) scripts/fuzz.sh; \
 	scripts/gpud-image.sh $(BIN) $(IMAGE) bin/gpud-image.tar; \
@@ -80,10 +80,15 @@ test-k8s: image k8s
 	ctr -n k8s.io -a $$CONTAINERD_SOCK images import bin/gpud-image.tar >/dev/null; \
 	$(GO) test -tags k8s -count=1 -timeout 15m ./test/k8s/
 
+# gofmt, go vet (k8s-tagged tests too), staticcheck, a build without cgo
+# (only internal/nvidia uses it), and docs/architecture.md's package table.
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
 	$(GO) vet ./...
+	$(GO) vet -tags k8s ./test/...
 	$(GO) tool staticcheck ./...
+	CGO_ENABLED=0 $(GO) build -o /dev/null ./...
+	scripts/check-architecture.sh
 
 clean:
 	rm -rf bin

@@ -151,5 +151,3 @@ func (p *Pods) put(obj any) {
 	}
 	p.Registry.Put(w)
 }
-
-func occupancyInfoForPod(uid string) occupancy.ProcInfo { return occupancy.ProcInfo{PodUID: uid} }

@@ -1,0 +1,336 @@
+package lending
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gpud/gpud/internal/deviceplugin"
+	"github.com/gpud/gpud/internal/occupancy"
+	"github.com/gpud/gpud/internal/preempt"
+	"github.com/gpud/gpud/internal/workload"
+)
+
+// The lender's decisions, without root: a real ledger and workload
+// registry (both pure), and fakes for the gate, kubelet's PodResources and
+// the preemption records.
+
+type preemption struct {
+	gpu     int
+	by      int   // the preemptor's pid
+	victims []int // pids; nil for PreemptLow (the gate picks the low holders)
+}
+
+type fakeGate struct {
+	ledger *occupancy.Ledger
+	mu     sync.Mutex
+	syncs  int
+	calls  []preemption
+}
+
+func (g *fakeGate) Sync() { g.mu.Lock(); g.syncs++; g.mu.Unlock() }
+
+func (g *fakeGate) PreemptLow(gpu int, by occupancy.ProcInfo, _ string, _ time.Time) int {
+	n := 0
+	for _, h := range g.ledger.Holders(gpu) {
+		if h.Priority == occupancy.Low {
+			n++
+		}
+	}
+	g.mu.Lock()
+	g.calls = append(g.calls, preemption{gpu: gpu, by: by.PID})
+	g.mu.Unlock()
+	return n
+}
+
+func (g *fakeGate) Preempt(gpu int, by occupancy.ProcInfo, holders []occupancy.ProcInfo, _ string) int {
+	p := preemption{gpu: gpu, by: by.PID}
+	for _, h := range holders {
+		p.victims = append(p.victims, h.PID)
+	}
+	g.mu.Lock()
+	g.calls = append(g.calls, p)
+	g.mu.Unlock()
+	return len(holders)
+}
+
+func (g *fakeGate) taken() []preemption {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	c := g.calls
+	g.calls = nil
+	return c
+}
+
+type fakePodResources struct {
+	mu    sync.Mutex
+	alloc map[string][]deviceplugin.PodDevices
+	err   error
+}
+
+func (f *fakePodResources) List(context.Context) (map[string][]deviceplugin.PodDevices, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.alloc, f.err
+}
+
+func (f *fakePodResources) set(alloc map[string][]deviceplugin.PodDevices) {
+	f.mu.Lock()
+	f.alloc = alloc
+	f.mu.Unlock()
+}
+
+type noRecords struct{}
+
+func (noRecords) Recent() []preempt.Record { return nil }
+
+type fixture struct {
+	l       *Lender
+	ledger  *occupancy.Ledger
+	reg     *workload.Registry
+	gate    *fakeGate
+	pr      *fakePodResources
+	changed int
+	owner   occupancy.ProcInfo
+}
+
+const (
+	ownerUID    = "11111111-0000-0000-0000-000000000001"
+	borrowerUID = "11111111-0000-0000-0000-000000000002"
+	otherUID    = "11111111-0000-0000-0000-000000000003"
+)
+
+// newFixture: GPU 0 (UUID GPU-aaa) held by an idle high-priority owner pod,
+// GPU 1 (GPU-bbb) free.
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	gpus := []occupancy.GPU{
+		{Index: 0, UUID: "GPU-aaa", Device: "/dev/nvidia0", Major: 195, Minor: 0},
+		{Index: 1, UUID: "GPU-bbb", Device: "/dev/nvidia1", Major: 195, Minor: 1},
+	}
+	f := &fixture{ledger: occupancy.NewLedger(gpus, time.Minute), reg: &workload.Registry{Default: occupancy.Unmanaged}, pr: &fakePodResources{}}
+	f.gate = &fakeGate{ledger: f.ledger}
+	f.reg.Put(workload.Workload{PodUID: ownerUID, Namespace: "default", Name: "owner", Priority: occupancy.High})
+	f.owner = occupancy.ProcInfo{PID: 100, PodUID: ownerUID, Priority: occupancy.High}
+	f.ledger.AddFD(f.owner, 0, 3, time.Now().Add(-2*time.Minute))
+	f.ledger.Refresh(time.Now())
+	f.l = New(Config{Resource: "gpud.io/idle-gpu", OwnerResource: "nvidia.com/gpu", DevDir: t.TempDir(),
+		HostDevDir: "/host/dev", GPUs: gpus}, f.ledger, f.reg, f.gate, f.pr, noRecords{})
+	f.l.Log = slog.New(slog.DiscardHandler)
+	f.l.Changed = func() { f.changed++; f.ledger.Reclassify(f.reg.ClassifyProc) }
+	return f
+}
+
+// lend lists a borrower pod of GPU 0 and its owner in PodResources.
+func (f *fixture) lend(t *testing.T) {
+	t.Helper()
+	f.pr.set(map[string][]deviceplugin.PodDevices{
+		"gpud.io/idle-gpu": {{Namespace: "default", Name: "borrower", DeviceIDs: []string{"gpu-0"}}},
+		"nvidia.com/gpu":   {{Namespace: "default", Name: "owner", DeviceIDs: []string{"GPU-aaa"}}},
+	})
+	f.l.refresh(context.Background())
+	if !f.l.IsLent(0) {
+		t.Fatal("GPU 0 is not lent after PodResources listed its borrower")
+	}
+}
+
+func TestDevicesHealthyWhileLendable(t *testing.T) {
+	f := newFixture(t)
+	health := map[string]bool{}
+	for _, d := range f.l.Devices() {
+		health[d.ID] = d.Healthy
+	}
+	if !health["gpu-0"] || health["gpu-1"] {
+		t.Fatalf("health %v: want the idle GPU 0 healthy and the free GPU 1 not (no --lend-free)", health)
+	}
+	f.l.cfg.LendFree = true
+	for _, d := range f.l.Devices() {
+		if !d.Healthy {
+			t.Fatalf("%s unhealthy with --lend-free", d.ID)
+		}
+	}
+}
+
+func TestAllocate(t *testing.T) {
+	f := newFixture(t)
+	for _, ids := range [][]string{{"gpu-1"}, {"gpu-9"}, {"nvidia0"}} {
+		if _, err := f.l.Allocate(ids); !errors.Is(err, deviceplugin.ErrRefused) {
+			t.Errorf("Allocate(%v) = %v, want ErrRefused", ids, err)
+		}
+	}
+	if f.l.IsLent(1) {
+		t.Fatal("a refused allocation left GPU 1 lent")
+	}
+	r, err := f.l.Allocate([]string{"gpu-0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Devices) != 1 || r.Devices[0].HostPath != filepath.Join("/host/dev", "nvidia0") || r.Devices[0].ContainerPath != "/dev/nvidia0" {
+		t.Errorf("devices %+v: want /host/dev/nvidia0 as /dev/nvidia0", r.Devices)
+	}
+	want := map[string]string{"NVIDIA_VISIBLE_DEVICES": "GPU-aaa", "GPUD_GPU": "0", "GPUD_OWNER": "default/owner"}
+	for k, v := range want {
+		if r.Envs[k] != v {
+			t.Errorf("env %s = %q, want %q", k, r.Envs[k], v)
+		}
+	}
+	if _, ok := r.Envs["GPUD_RESUME_FROM"]; ok {
+		t.Error("a resume mount without a checkpoint root")
+	}
+	// The gate hears of the loan before Allocate returns (before kubelet
+	// starts the borrower), and the GPU counts as lent until PodResources
+	// lists the borrower.
+	if f.gate.syncs == 0 {
+		t.Error("Allocate did not sync the gate")
+	}
+	if !f.l.IsLent(0) {
+		t.Error("GPU 0 not lent (pending) after Allocate")
+	}
+}
+
+func TestRefreshForcesClassesAndDecorates(t *testing.T) {
+	f := newFixture(t)
+	// The borrower's own label says high: lending makes it low.
+	f.reg.Put(workload.Workload{PodUID: borrowerUID, Namespace: "default", Name: "borrower", Priority: occupancy.High})
+	f.lend(t)
+	if w, _ := f.reg.Lookup(occupancy.ProcInfo{PodUID: borrowerUID}); w.Priority != occupancy.Low {
+		t.Errorf("borrower class %s, want low", w.Priority)
+	}
+	if w, _ := f.reg.Lookup(occupancy.ProcInfo{PodUID: ownerUID}); w.Priority != occupancy.High {
+		t.Errorf("owner class %s, want high", w.Priority)
+	}
+	if gpu, role, ok := f.l.Role(borrowerUID); !ok || gpu != 0 || role != "borrower" {
+		t.Errorf("Role(borrower) = %d %q %v", gpu, role, ok)
+	}
+	if gpu, role, ok := f.l.Role(ownerUID); !ok || gpu != 0 || role != "owner" {
+		t.Errorf("Role(owner) = %d %q %v", gpu, role, ok)
+	}
+	if f.changed != 1 {
+		t.Errorf("Changed called %d times, want 1", f.changed)
+	}
+	f.l.refresh(context.Background())
+	if f.changed != 1 {
+		t.Errorf("an unchanged listing called Changed again (%d)", f.changed)
+	}
+	sf := occupancy.Render(f.ledger.Snapshot(time.Now()), "n", true)
+	f.l.Decorate(&sf)
+	if g := sf.GPUs[0]; g.State != occupancy.Lent || g.Owner != "default/owner" || g.Borrower != "default/borrower" {
+		t.Errorf("state file GPU 0: %s owner %q borrower %q", g.State, g.Owner, g.Borrower)
+	}
+	if g := sf.GPUs[1]; g.State == occupancy.Lent || g.Borrower != "" {
+		t.Errorf("state file GPU 1 shows a loan: %+v", g)
+	}
+
+	// The borrower is gone from PodResources: its label's class is back.
+	f.pr.set(nil)
+	f.l.refresh(context.Background())
+	if w, _ := f.reg.Lookup(occupancy.ProcInfo{PodUID: borrowerUID}); w.Priority != occupancy.High {
+		t.Errorf("borrower class %s after the loan, want its label's high", w.Priority)
+	}
+	if f.l.IsLent(0) {
+		t.Error("GPU 0 still lent after its borrower left")
+	}
+
+	// kubelet unreachable: nothing is forgotten or invented.
+	f.lend(t)
+	f.pr.mu.Lock()
+	f.pr.err = errors.New("connection refused")
+	f.pr.mu.Unlock()
+	f.l.refresh(context.Background())
+	if !f.l.IsLent(0) {
+		t.Error("a failed PodResources read ended the loan")
+	}
+}
+
+func TestOwnerActivityTakesBack(t *testing.T) {
+	f := newFixture(t)
+	// Not lent: the owner's compute is just the owner's.
+	f.l.Activity(0, []uint32{uint32(f.owner.PID)})
+	if c := f.gate.taken(); len(c) != 0 {
+		t.Fatalf("preemptions on a GPU not lent: %+v", c)
+	}
+	f.lend(t)
+	borrower := occupancy.ProcInfo{PID: 200, PodUID: borrowerUID, Priority: occupancy.Low}
+	f.ledger.AddFD(borrower, 0, 4, time.Now())
+	// Another pod's process on the GPU is not the owner coming back.
+	f.l.ProcInfo = func(pid int) (occupancy.ProcInfo, error) {
+		return occupancy.ProcInfo{PID: pid, PodUID: otherUID}, nil
+	}
+	f.l.Activity(0, []uint32{999})
+	if c := f.gate.taken(); len(c) != 0 || !f.l.IsLent(0) {
+		t.Fatalf("a stranger's compute took the GPU back: %+v, lent %v", c, f.l.IsLent(0))
+	}
+	f.l.Activity(0, []uint32{uint32(f.owner.PID)})
+	if f.l.IsLent(0) {
+		t.Error("the owner's compute did not end the loan")
+	}
+	c := f.gate.taken()
+	if len(c) != 1 || c[0].gpu != 0 || c[0].by != f.owner.PID {
+		t.Fatalf("preemptions %+v, want the low holders of GPU 0 for the owner %d", c, f.owner.PID)
+	}
+}
+
+func TestTakeBackOfPendingLoanReadsPodResources(t *testing.T) {
+	f := newFixture(t)
+	if _, err := f.l.Allocate([]string{"gpu-0"}); err != nil {
+		t.Fatal(err)
+	}
+	// The borrower started within the 1 s tick: PodResources lists it, the
+	// lender has not read it yet. The take-back reads it, so the borrower
+	// is classified low and preempted with this take-back.
+	f.reg.Put(workload.Workload{PodUID: borrowerUID, Namespace: "default", Name: "borrower", Priority: occupancy.Unmanaged})
+	f.pr.set(map[string][]deviceplugin.PodDevices{
+		"gpud.io/idle-gpu": {{Namespace: "default", Name: "borrower", DeviceIDs: []string{"gpu-0"}}},
+	})
+	f.l.TakeBack(0)
+	if w, _ := f.reg.Lookup(occupancy.ProcInfo{PodUID: borrowerUID}); w.Priority != occupancy.Low {
+		t.Errorf("borrower class %s after the take-back, want low", w.Priority)
+	}
+	if f.l.IsLent(0) {
+		t.Error("still lent after the take-back")
+	}
+}
+
+// A loan's take-back preempts the holders classified low at that instant.
+// A borrower whose class reached gpud only afterwards must still lose the
+// GPU: the sweep preempts it, by its pod, whatever its class says yet,
+// while the owner holds the GPU; the owner and a bystander are untouched.
+func TestSweepPreemptsLateClassifiedBorrower(t *testing.T) {
+	f := newFixture(t)
+	f.reg.Put(workload.Workload{PodUID: borrowerUID, Namespace: "default", Name: "borrower", Priority: occupancy.Unmanaged})
+	f.lend(t)
+	borrower := occupancy.ProcInfo{PID: 200, PodUID: borrowerUID, Priority: occupancy.Unmanaged}
+	bystander := occupancy.ProcInfo{PID: 300, PodUID: otherUID, Priority: occupancy.Unmanaged}
+	f.ledger.AddFD(borrower, 0, 4, time.Now())
+	f.ledger.AddFD(bystander, 0, 5, time.Now())
+
+	f.l.reclaimTakenBack()
+	if c := f.gate.taken(); len(c) != 0 {
+		t.Fatalf("a GPU still lent was taken from its borrower: %+v", c)
+	}
+	f.l.TakeBack(0)
+	f.ledger.RemoveProcess(f.owner.PID)
+	f.l.reclaimTakenBack()
+	if c := f.gate.taken(); len(c) != 0 {
+		t.Fatalf("the borrower was preempted with no owner holding the GPU: %+v", c)
+	}
+	f.ledger.AddFD(f.owner, 0, 3, time.Now())
+	f.l.reclaimTakenBack()
+	c := f.gate.taken()
+	if len(c) != 1 || c[0].gpu != 0 || c[0].by != f.owner.PID || !slices.Equal(c[0].victims, []int{borrower.PID}) {
+		t.Fatalf("preemptions %+v, want the borrower %d alone, for the owner %d", c, borrower.PID, f.owner.PID)
+	}
+	// Once the borrower is gone from PodResources, the loan is over.
+	f.pr.set(nil)
+	f.ledger.RemoveProcess(borrower.PID)
+	f.l.refresh(context.Background())
+	f.l.reclaimTakenBack()
+	if c := f.gate.taken(); len(c) != 0 {
+		t.Fatalf("preemptions after the loan ended: %+v", c)
+	}
+}
