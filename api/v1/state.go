@@ -32,10 +32,13 @@ const (
 
 // StateFile is the JSON document at --state-file (and GET /v1/state).
 type StateFile struct {
-	Version     int             `json:"version"`
-	Node        string          `json:"node"`
-	UpdatedAt   time.Time       `json:"updated_at"`
-	Monitoring  bool            `json:"monitoring"`
+	Version    int       `json:"version"`
+	Node       string    `json:"node"`
+	UpdatedAt  time.Time `json:"updated_at"`
+	Monitoring bool      `json:"monitoring"`
+	// Enforcing: the kernel gate applies the rule table now (--enforce, and
+	// monitoring on: with monitoring off gpud neither observes nor rules).
+	Enforcing   bool            `json:"enforcing"`
 	GPUs        []StateGPU      `json:"gpus"`
 	Preemptions []RawPreemption `json:"preemptions"`
 }

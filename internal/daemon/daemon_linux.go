@@ -122,7 +122,7 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	d.registry.OnChange = d.gate.ClassChanged
 	d.writer = &occupancy.Writer{
 		Path: cfg.StateFile, Node: cfg.NodeName, Ledger: d.ledger, Log: log,
-		Monitoring: d.monitoring.Load, Preemptions: d.journal.RecentRaw,
+		Monitoring: d.monitoring.Load, Preemptions: d.journal.RecentRaw, Decorate: d.decorate,
 	}
 	d.gate.Changed = d.writer.Kick
 	if cfg.DevicePlugin {
@@ -212,8 +212,23 @@ func (d *Daemon) Explain(pid int) (*v1.Explanation, error) { return d.gate.Expla
 
 // State is the state document, as the state file shows it.
 func (d *Daemon) State() v1.StateFile {
-	return occupancy.Render(d.ledger.Snapshot(time.Now()), d.cfg.NodeName, d.monitoring.Load())
+	f := occupancy.Render(d.ledger.Snapshot(time.Now()), d.cfg.NodeName, d.monitoring.Load())
+	d.decorate(&f)
+	return f
 }
+
+// decorate adds to the state document what the ledger does not know: the
+// rules' switch and the loans.
+func (d *Daemon) decorate(f *v1.StateFile) {
+	f.Enforcing = d.enforcing()
+	if d.lender != nil {
+		d.lender.Decorate(f)
+	}
+}
+
+// enforcing: the gate applies the rules now; monitoring off turns them off
+// too (nothing is observed to rule on).
+func (d *Daemon) enforcing() bool { return d.cfg.Enforce && d.monitoring.Load() }
 
 // Ready reports whether the first reconciliation is done and events flow.
 func (d *Daemon) Ready() bool { return d.ready.Load() }
@@ -233,6 +248,8 @@ func (d *Daemon) SetMonitoring(on bool) error {
 			return err
 		}
 		d.monitoringResyncs.Add(1)
+		// Whatever got in while the rules were off is judged now.
+		d.gate.Rejudge("monitoring back on")
 	}
 	d.log.Info("monitoring switched", "monitoring", on)
 	d.writer.Kick()
@@ -276,6 +293,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if d.mon.Adopted() {
 		goRun(func(ctx context.Context) { d.gate.TakeOver(ctx, d.mon, d.sources.Done()) })
 	}
+	var loans <-chan struct{}
+	if d.lender != nil {
+		loans = d.lender.Synced()
+	}
+	goRun(func(ctx context.Context) { d.gate.JudgeWhenKnown(ctx, d.sources.Done(), loans) })
 	d.ready.Store(true)
 
 	var err error
@@ -409,7 +431,7 @@ func (d *Daemon) setupLending(proc *occupancy.ProcFS) {
 	}, d.ledger, d.registry, d.gate, lending.Socket(cfg.PodResourcesSocket), d.journal)
 	d.lender.Log, d.lender.ProcInfo = d.log, proc.Info
 	d.lender.Changed = func() {
-		d.ledger.Reclassify(d.registry.ClassifyProc)
+		d.gate.Reclassified("loans changed")
 		d.writer.Kick()
 	}
 	if d.pods != nil {
@@ -420,7 +442,6 @@ func (d *Daemon) setupLending(proc *occupancy.ProcFS) {
 		Endpoint: "gpud.sock", Backend: d.lender, Log: d.log,
 		Registered: func() { d.registrations.Add(1) },
 	}
-	d.writer.Decorate = d.lender.Decorate
 	d.runners = append(d.runners, d.lender.Run, func(ctx context.Context) {
 		if err := d.plugin.Run(ctx); err != nil {
 			d.log.Error("device plugin stopped: no GPU is lent", "error", err)

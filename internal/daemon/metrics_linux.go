@@ -61,16 +61,13 @@ func (d *Daemon) onRecorded(r preempt.Record) {
 // file shows (loans included), named by workload.
 func (d *Daemon) metricsSnapshot() metrics.Snapshot {
 	now := time.Now()
-	f := occupancy.Render(d.ledger.Snapshot(now), d.cfg.NodeName, d.monitoring.Load())
-	if d.lender != nil {
-		d.lender.Decorate(&f)
-	}
+	f := d.State()
 	s := metrics.Snapshot{
 		Events:     map[string]uint64{},
 		Resyncs:    map[string]uint64{},
 		Malformed:  d.registry.MalformedSeen.Load(),
 		Monitoring: d.monitoring.Load(),
-		Enforcing:  d.cfg.Enforce,
+		Enforcing:  d.enforcing(),
 	}
 	s.GPUs, s.Lent = metrics.GPUsOf(f, now, d.holderNames)
 	for t := bpf.EventType(1); t < bpf.EventTypes; t++ {

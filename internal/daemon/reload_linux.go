@@ -36,9 +36,9 @@ func (d *Daemon) Reload(r Reloadable) error {
 	d.executor.SetGrace(r.PreemptGrace)
 	if old := d.registry.DefaultPriority(); old != r.DefaultPriority {
 		d.registry.SetDefault(r.DefaultPriority)
-		// Holders in containers gpud knows nothing of take the default too.
-		d.ledger.Reclassify(d.registry.ClassifyProc)
-		d.gate.Sync()
+		// Holders in containers gpud knows nothing of take the default too,
+		// and are judged in their new class.
+		d.gate.Reclassified("default priority changed")
 	}
 	if r.Monitoring != nil && *r.Monitoring != d.Monitoring() {
 		if err := d.SetMonitoring(*r.Monitoring); err != nil {

@@ -4,9 +4,11 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,11 +20,13 @@ import (
 	"github.com/gpud/gpud/internal/workload"
 )
 
+var ctrCgroups atomic.Int64
+
 // containerCgroup makes a cgroup that looks like a Docker container's
 // (docker-<id>.scope), for processes gpud sees as in a container.
 func containerCgroup(t *testing.T) (dir, id string, cgID uint64) {
 	t.Helper()
-	parent, _ := testCgroup(t, "ctr")
+	parent, _ := testCgroup(t, fmt.Sprintf("ctr%d", ctrCgroups.Add(1)))
 	b := make([]byte, 32)
 	rand.Read(b)
 	id = hex.EncodeToString(b)

@@ -62,7 +62,10 @@ type Controller struct {
 	Reclaim    string
 	Monitoring func() bool
 
-	Denials atomic.Uint64 // refusals recorded
+	Denials  atomic.Uint64 // refusals recorded
+	Rejudged atomic.Uint64 // holders preempted by Rejudge
+
+	judging atomic.Bool // Rejudge acts (Judge was called)
 
 	ctx   context.Context
 	loans Loans
@@ -389,6 +392,61 @@ func (c *Controller) Sync() {
 	}
 }
 
+// Judge starts judging holders after the fact (Rejudge), and judges them
+// all once. A restarted gpud calls it only once every workload source has
+// listed what exists and the lender knows its loans: before that, a
+// borrower beside its idle owner would look like a low holder of a
+// high-held GPU.
+func (c *Controller) Judge() {
+	c.judging.Store(true)
+	c.Rejudge("gpud started")
+}
+
+// rejudgedRule names the rule Rejudge applies in records.
+const rejudgedRule = "class known after the open: a low-priority holder of a GPU high priority holds: kill"
+
+// Rejudge applies the rule table to every GPU's holders as they are
+// classified now, and is the one path for "a holder's class became known or
+// changed" (a workload classified after its open, a label or the default
+// changed, a lending override, monitoring back on, gpud restarted): on a
+// GPU that high priority holds, every low-priority holder is preempted as a
+// refused opener would be (killed, recorded, its workload reclaimed),
+// whichever of the two came first. A GPU lent to its holders is theirs to
+// share (Holding). It returns how many holders it set out to preempt.
+func (c *Controller) Rejudge(why string) int {
+	if !c.judging.Load() || (c.Monitoring != nil && !c.Monitoring()) || !c.Enforce {
+		return 0
+	}
+	n := 0
+	for gpu, counts := range c.Ledger.Counts() {
+		if counts.Low == 0 || !Holding(counts, c.lent(gpu)).High {
+			continue
+		}
+		var by occupancy.ProcInfo
+		var victims []preempt.Victim
+		for _, h := range c.Ledger.Holders(gpu) {
+			switch h.Priority {
+			case occupancy.High:
+				if by.PID == 0 {
+					by = h
+				}
+			case occupancy.Low:
+				if v := c.victim(h, fmt.Sprintf("held GPU %d beside high priority (%s)", gpu, why)); !c.Exec.Handled(v) {
+					victims = append(victims, v)
+				}
+			}
+		}
+		if len(victims) == 0 {
+			continue
+		}
+		c.Log.Info("low-priority holders beside high priority: preempting them", "gpu", gpu, "holders", len(victims), "why", why)
+		c.Rejudged.Add(uint64(len(victims)))
+		c.Exec.Preempt(c.context(), gpu, rejudgedRule, party(by, c.taskID(by)), victims, time.Now(), nil)
+		n += len(victims)
+	}
+	return n
+}
+
 // ClassChanged is the registry's hook (workload.Registry.OnChange): the
 // gate learns a cgroup's class (p is high, low, or "" for no longer
 // classified), and the holders are classified again.
@@ -405,7 +463,15 @@ func (c *Controller) ClassChanged(cgroupID uint64, p occupancy.Priority) {
 	if err != nil {
 		c.Log.Error("updating the gate's cgroups", "cgroup_id", cgroupID, "error", err)
 	}
+	c.Reclassified("class changed")
+}
+
+// Reclassified classifies every holder again and judges them: call it
+// whenever classes may have changed (a source, lending, the default).
+func (c *Controller) Reclassified(why string) {
 	c.Ledger.Reclassify(c.Registry.ClassifyProc)
+	c.Sync()
+	c.Rejudge(why)
 }
 
 // Reservation reports whom gpu is reserved for, by cgroup id.

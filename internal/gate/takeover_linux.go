@@ -23,15 +23,8 @@ type Pinned interface {
 // deciding with its own maps, so a restart opens no window where a
 // low-priority open gets past a high-priority holder.
 func (c *Controller) TakeOver(ctx context.Context, k Pinned, listed []chan struct{}) {
-	deadline := time.After(takeOverWait)
-	for _, ch := range listed {
-		select {
-		case <-ch:
-		case <-deadline:
-			c.Log.Warn("taking over the gate before every workload source listed", "waited", takeOverWait)
-		case <-ctx.Done():
-			return
-		}
+	if !c.awaitListed(ctx, listed, "taking over the gate") {
+		return
 	}
 	c.Sync()
 	if err := k.TakeOver(); err != nil {
@@ -39,4 +32,40 @@ func (c *Controller) TakeOver(ctx context.Context, k Pinned, listed []chan struc
 		return
 	}
 	c.Log.Info("took over the gate from the previous gpud")
+}
+
+// awaitListed waits for every source's first listing, at most takeOverWait;
+// false when ctx ended first.
+func (c *Controller) awaitListed(ctx context.Context, listed []chan struct{}, what string) bool {
+	deadline := time.After(takeOverWait)
+	for _, ch := range listed {
+		select {
+		case <-ch:
+		case <-deadline:
+			c.Log.Warn(what+" before every workload source listed", "waited", takeOverWait)
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
+	return true
+}
+
+// JudgeWhenKnown starts judging holders after the fact (Judge) once the
+// sources have listed (at most takeOverWait) and, with lending, once the
+// loans are known (loans closes; nil without lending): without them, a
+// borrower beside its idle owner would be taken for a low holder of a
+// high-held GPU, so there is no bound on that wait.
+func (c *Controller) JudgeWhenKnown(ctx context.Context, listed []chan struct{}, loans <-chan struct{}) {
+	if !c.awaitListed(ctx, listed, "judging holders") {
+		return
+	}
+	if loans != nil {
+		select {
+		case <-loans:
+		case <-ctx.Done():
+			return
+		}
+	}
+	c.Judge()
 }

@@ -25,11 +25,14 @@ const Width = 80
 // ellipsis (-o json has them whole).
 func Render(out io.Writer, f *v1.StateFile, now time.Time) error {
 	var w bytes.Buffer
-	mon := "on"
+	mon, rules := "on", "enforced"
 	if !f.Monitoring {
 		mon = "OFF (ledger frozen)"
 	}
-	fmt.Fprintf(&w, "node %s  monitoring %s  updated %s ago\n\n", trunc(orDash(f.Node), 40), mon, ago(now, f.UpdatedAt))
+	if !f.Enforcing {
+		rules = "NOT enforced"
+	}
+	fmt.Fprintf(&w, "node %s  monitoring %s  rules %s  updated %s ago\n\n", trunc(orDash(f.Node), 30), mon, rules, ago(now, f.UpdatedAt))
 	tw := tabwriter.NewWriter(&w, 0, 0, 1, ' ', 0)
 	fmt.Fprintln(tw, "GPU\tSTATE\tPID\tCOMM\tCONTAINER/POD\tPRIORITY\tSINCE")
 	for _, g := range f.GPUs {

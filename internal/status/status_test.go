@@ -24,7 +24,7 @@ func at(d time.Duration) time.Time { return now.Add(-d) }
 func realistic() *v1.StateFile {
 	idleSince := at(2*time.Hour + 3*time.Minute)
 	return &v1.StateFile{
-		Version: 1, Node: "gpu-node-017", UpdatedAt: at(2 * time.Second), Monitoring: true,
+		Version: 1, Node: "gpu-node-017", UpdatedAt: at(2 * time.Second), Monitoring: true, Enforcing: true,
 		GPUs: []v1.StateGPU{
 			{Index: 0, UUID: "GPU-6f0e7c56-5bd8-4c38-9b1d-6c44e6f3b0a1", Device: "/dev/nvidia0", State: occupancy.Busy,
 				Holders: []v1.StateHolder{
@@ -87,7 +87,7 @@ func TestRenderContent(t *testing.T) {
 	if len(lines) != 7 { // header, blank, column titles, 2+1+1 GPU rows
 		t.Fatalf("%d lines, want 7:\n%s", len(lines), out)
 	}
-	if want := "node gpu-node-017  monitoring on  updated 2s ago"; lines[0] != want {
+	if want := "node gpu-node-017  monitoring on  rules enforced  updated 2s ago"; lines[0] != want {
 		t.Errorf("header = %q, want %q", lines[0], want)
 	}
 	if lines[1] != "" {
@@ -144,7 +144,7 @@ func TestRenderEdgeCases(t *testing.T) {
 	}
 	out := render(t, f)
 	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
-	if want := "node -  monitoring on  updated - ago"; lines[0] != want {
+	if want := "node -  monitoring on  rules NOT enforced  updated - ago"; lines[0] != want {
 		t.Errorf("header = %q, want %q", lines[0], want)
 	}
 	// A holder opened in the future (clock skew) reads 0s.

@@ -121,7 +121,14 @@ type Lender struct {
 	takenBack map[int]bool
 
 	Unallocated atomic.Uint64 // pods reported running without their lent GPU
+
+	synced     chan struct{} // closed at the first successful PodResources read
+	syncedOnce sync.Once
 }
+
+// Synced is closed once the lender has read PodResources: from then on it
+// knows the loans.
+func (l *Lender) Synced() <-chan struct{} { return l.synced }
 
 type podRef struct {
 	Namespace, Name, UID string
@@ -138,7 +145,7 @@ func (p podRef) String() string {
 // set before Run.
 func New(cfg Config, ledger Ledger, classes Classes, gate Gate, pr PodResources, records Records) *Lender {
 	return &Lender{cfg: cfg, ledger: ledger, classes: classes, gate: gate, podResources: pr, records: records,
-		Log: slog.Default(), kick: make(chan struct{}, 1), last: map[string]bool{}, owners: map[int]podRef{}, borrowers: map[int]podRef{},
+		Log: slog.Default(), kick: make(chan struct{}, 1), synced: make(chan struct{}), last: map[string]bool{}, owners: map[int]podRef{}, borrowers: map[int]podRef{},
 		pending: map[int]time.Time{}, overrides: map[string]struct{}{}, reported: map[string]bool{}, takenBack: map[int]bool{}}
 }
 
@@ -324,6 +331,7 @@ func (l *Lender) refresh(ctx context.Context) {
 		l.Log.Debug("pod resources", "error", err)
 		return
 	}
+	defer l.syncedOnce.Do(func() { close(l.synced) })
 	owners, borrowers := map[int]podRef{}, map[int]podRef{}
 	for _, p := range alloc[l.cfg.Resource] {
 		for _, id := range p.DeviceIDs {
