@@ -194,3 +194,18 @@ func gauge(t *testing.T, e *env, name string) float64 {
 	t.Fatalf("no gauge %s", name)
 	return 0
 }
+
+// A gpud that starts (or restarts) on a GPU shared by a high and a low
+// container judges them once its sources have listed: the low holder dies,
+// the high one lives.
+func TestRejudgeAtStart(t *testing.T) {
+	e := enforcingEnv(t, preempt.ReclaimNone)
+	low := runContainer(t, e, "start-low", "gpud.io/priority=low")
+	high := runContainer(t, e, "start-high", "gpud.io/priority=high")
+	hp, lp := high.hold(0), low.hold(0)
+	e.start()
+	r := waitDead(t, e, lp, "the low holder beside a high one when gpud starts")
+	if r.Preemptor.PID != hp || !alive(hp) {
+		t.Fatalf("record %+v; high holder alive %v", r, alive(hp))
+	}
+}
