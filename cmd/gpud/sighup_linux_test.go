@@ -2,8 +2,6 @@ package main
 
 import (
 	"bytes"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,59 +16,9 @@ import (
 
 	v1 "github.com/gpud/gpud/api/v1"
 
-	"github.com/gpud/gpud/internal/cgroups"
 	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/testutil"
 )
-
-// containerCgroup makes a cgroup named as Docker names a container's, so
-// that gpud sees its processes as in a container it does not know (their
-// class is the default).
-func containerCgroup(t *testing.T) string {
-	t.Helper()
-	root, _, err := cgroups.V2Root()
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := make([]byte, 32)
-	rand.Read(b)
-	parent := filepath.Join(root, fmt.Sprintf("gpud-test-cli-%d", os.Getpid()))
-	dir := filepath.Join(parent, "docker-"+hex.EncodeToString(b)+".scope")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		for i := 0; i < 100 && (os.Remove(dir) != nil || os.Remove(parent) != nil); i++ {
-			time.Sleep(20 * time.Millisecond)
-		}
-	})
-	return dir
-}
-
-func waitState(t *testing.T, path, what string, ok func(*v1.StateFile) bool) *v1.StateFile {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		f, err := occupancy.ReadStateFile(path)
-		if err == nil && ok(f) {
-			return f
-		}
-		if time.Now().After(deadline) {
-			b, _ := os.ReadFile(path)
-			t.Fatalf("%s: state file never matched (last error %v):\n%s", what, err, b)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-func holderPriority(f *v1.StateFile, gpu, pid int) occupancy.Priority {
-	for _, h := range f.GPUs[gpu].Holders {
-		if h.PID == pid {
-			return h.Priority
-		}
-	}
-	return ""
-}
 
 // The real binary: settings from the file and the environment, SIGHUP
 // applies a changed idle-after and default priority, warns about a setting
@@ -93,7 +41,7 @@ func TestBinarySIGHUPReload(t *testing.T) {
 
 	// A process in an unknown container holding GPU 0 (from before gpud:
 	// found by the start-up scan).
-	cg := containerCgroup(t)
+	cg, _, _ := testutil.ContainerCgroup(t)
 	holder := exec.Command("sh", "-c", fmt.Sprintf("echo $$ > %s/cgroup.procs && exec 3<>%s && exec sleep 600", cg, gpus[0].Path))
 	holder.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := holder.Start(); err != nil {
@@ -136,8 +84,8 @@ func TestBinarySIGHUPReload(t *testing.T) {
 		}
 	})
 
-	waitState(t, stateFile, "started", func(f *v1.StateFile) bool {
-		return f.Node == "sighup-test" && holderPriority(f, 0, pid) == occupancy.Unmanaged && f.GPUs[0].State == occupancy.Busy
+	testutil.WaitStateFile(t, stateFile, 10*time.Second, func(f *v1.StateFile) bool {
+		return f.Node == "sighup-test" && testutil.HolderPriority(f, 0, pid) == occupancy.Unmanaged && f.GPUs[0].State == occupancy.Busy
 	})
 	hup := func() {
 		t.Helper()
@@ -172,8 +120,8 @@ func TestBinarySIGHUPReload(t *testing.T) {
 	// Reload: the holder becomes low at once, GPU 0 idle within a second or two.
 	writeCfg("version: v1\nidle-after: 1s\ndefault-priority: low\nreclaim: stop\n")
 	hup()
-	f := waitState(t, stateFile, "after SIGHUP", func(f *v1.StateFile) bool {
-		return holderPriority(f, 0, pid) == occupancy.Low && f.GPUs[0].State == occupancy.Idle
+	f := testutil.WaitStateFile(t, stateFile, 10*time.Second, func(f *v1.StateFile) bool {
+		return testutil.HolderPriority(f, 0, pid) == occupancy.Low && f.GPUs[0].State == occupancy.Idle
 	})
 	if f.GPUs[0].IdleSince == nil {
 		t.Error("idle without idle_since")
@@ -227,13 +175,13 @@ func TestBinarySIGHUPReload(t *testing.T) {
 		t.Fatalf("gpud exited after a bad reload: %v", err)
 	default:
 	}
-	if f, _ := occupancy.ReadStateFile(stateFile); holderPriority(f, 0, pid) != occupancy.Low {
+	if f, _ := occupancy.ReadStateFile(stateFile); testutil.HolderPriority(f, 0, pid) != occupancy.Low {
 		t.Errorf("a bad reload changed the class")
 	}
 	// Monitoring off from the file.
 	writeCfg("version: v1\nidle-after: 1s\ndefault-priority: low\nmonitoring: false\n")
 	hup()
-	waitState(t, stateFile, "monitoring off", func(f *v1.StateFile) bool { return !f.Monitoring })
+	testutil.WaitStateFile(t, stateFile, 10*time.Second, func(f *v1.StateFile) bool { return !f.Monitoring })
 
 	if err := d.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)

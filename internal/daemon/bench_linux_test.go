@@ -140,7 +140,7 @@ func BenchmarkOpenToLedger(b *testing.B) {
 		toLedger = append(toLedger, float64(t1-t0)/1e3)
 		toFile = append(toFile, float64(t2-t0)/1e3)
 		h.do("close %d", fd)
-		waitFor(b, func() bool { return len(d.d.Ledger().FDTable()[h.pid()]) == 0 })
+		testutil.Eventually(b, 5*time.Second, "the condition", func() bool { return len(d.d.Ledger().FDTable()[h.pid()]) == 0 })
 	}
 	b.ReportMetric(percentile(toLedger, 50), "µs-ledger-p50")
 	b.ReportMetric(percentile(toLedger, 99), "µs-ledger-p99")
@@ -180,7 +180,7 @@ func BenchmarkEventThroughput(b *testing.B) {
 		ev0 := d.d.Tracker().Events.Load()
 		churn(ms)
 		// Let the consumer drain what is queued, then count.
-		waitFor(b, func() bool { return d.d.Monitor().Pending() == 0 })
+		testutil.Eventually(b, 5*time.Second, "the condition", func() bool { return d.d.Monitor().Pending() == 0 })
 		time.Sleep(50 * time.Millisecond)
 		processed := float64(d.d.Tracker().Events.Load()-ev0) / 2
 		drops += d.d.Tracker().Drops.Load()
@@ -245,19 +245,8 @@ func startBenchDaemonWith(b *testing.B, devDir string, set func(*daemon.Config))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- d.Run(ctx) }()
-	waitFor(b, d.Ready)
+	testutil.Eventually(b, 5*time.Second, "the condition", d.Ready)
 	return &benchDaemon{d: d, stop: func() { cancel(); <-done }}
-}
-
-func waitFor(tb testing.TB, ok func() bool) {
-	tb.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !ok() {
-		if time.Now().After(deadline) {
-			tb.Fatal("condition never met")
-		}
-		time.Sleep(time.Millisecond)
-	}
 }
 
 func discardLogger() *slog.Logger {
@@ -317,19 +306,19 @@ func BenchmarkPreemptLatencyCheckpoints(b *testing.B) {
 // and returns open → both dead, in µs. Cgroups are named by prefix.
 func preemptTrials(b *testing.B, d *benchDaemon, gpus []string, prefix string, trials int) []float64 {
 	b.Helper()
-	hdir, hid := testCgroup(b, prefix+"high")
-	ldir, lid := testCgroup(b, prefix+"low")
+	hdir, hid := testutil.Cgroup(b, prefix+"high")
+	ldir, lid := testutil.Cgroup(b, prefix+"low")
 	d.d.Registry().Put(workload.Workload{CgroupID: hid, Priority: occupancy.High, TaskID: "bench-high"})
 	d.d.Registry().Put(workload.Workload{CgroupID: lid, Priority: occupancy.Low, TaskID: "bench-low"})
 	high := startHelper(b)
-	joinCgroup(b, hdir, high.pid())
+	testutil.JoinCgroup(b, hdir, high.pid())
 	var lat []float64
 	for i := 0; i < trials; i++ {
 		var pidfds []int
 		var lows []*helper
 		for j := 0; j < 2; j++ {
 			l := startHelper(b)
-			joinCgroup(b, ldir, l.pid())
+			testutil.JoinCgroup(b, ldir, l.pid())
 			l.do("open %s", gpus[0])
 			fd, err := unix.PidfdOpen(l.pid(), 0)
 			if err != nil {
@@ -338,7 +327,7 @@ func preemptTrials(b *testing.B, d *benchDaemon, gpus []string, prefix string, t
 			pidfds = append(pidfds, fd)
 			lows = append(lows, l)
 		}
-		waitFor(b, func() bool { return d.d.Ledger().Counts()[0].Low == 2 })
+		testutil.Eventually(b, 5*time.Second, "the condition", func() bool { return d.d.Ledger().Counts()[0].Low == 2 })
 		// the gate must know about the low holders before the high open
 		time.Sleep(2 * time.Millisecond)
 		var t0 uint64
@@ -360,7 +349,7 @@ func preemptTrials(b *testing.B, d *benchDaemon, gpus []string, prefix string, t
 			l.cmd.Wait()
 		}
 		high.do("close %d", hfd)
-		waitFor(b, func() bool { c := d.d.Ledger().Counts()[0]; return c.High == 0 && c.Low == 0 })
+		testutil.Eventually(b, 5*time.Second, "the condition", func() bool { c := d.d.Ledger().Counts()[0]; return c.High == 0 && c.Low == 0 })
 	}
 	return lat
 }
@@ -371,9 +360,9 @@ func preemptTrials(b *testing.B, d *benchDaemon, gpus []string, prefix string, t
 // cost (enforcing / observing); "ratio-total" is enforcing / without gpud.
 func BenchmarkGateCost(b *testing.B) {
 	devDir, gpus := makeGPUsForBench(b)
-	hdir, hid := testCgroup(b, "ghigh")
+	hdir, hid := testutil.Cgroup(b, "ghigh")
 	h := startHelper(b)
-	joinCgroup(b, hdir, h.pid())
+	testutil.JoinCgroup(b, hdir, h.pid())
 	const ms = 1000
 	nsPerPair := func() float64 { return ms * 1e6 / float64(h.doInt("churn %s %d", gpus[0], ms)) }
 	var without, observing, enforcing, gate, total []float64
@@ -421,7 +410,7 @@ func BenchmarkLendHealth(b *testing.B) {
 	})
 	defer d.stop()
 	sock := filepath.Join(kdir, "gpud.sock")
-	waitFor(b, func() bool { _, err := os.Stat(sock); return err == nil })
+	testutil.Eventually(b, 5*time.Second, "the condition", func() bool { _, err := os.Stat(sock); return err == nil })
 	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		b.Fatal(err)

@@ -32,6 +32,7 @@ import (
 
 	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/preempt"
+	"github.com/gpud/gpud/internal/testutil"
 )
 
 // bypassBin builds testdata/bypass statically (the busybox image has no
@@ -64,7 +65,7 @@ func (e *env) runCtr(name, bin string, opts []string, labels ...string) *ctr {
 	}
 	c := &ctr{t: e.t, e: e, id: strings.TrimSpace(string(out))}
 	e.t.Cleanup(func() { exec.Command("docker", "rm", "-f", c.id).Run() })
-	eventually(e.t, "container "+name+" classified", func() bool {
+	testutil.Eventually(e.t, 10*time.Second, "container "+name+" classified", func() bool {
 		w, ok := e.d.Registry().Lookup(occupancy.ProcInfo{ContainerID: c.id})
 		return ok && w.CgroupID != 0
 	})
@@ -90,7 +91,7 @@ func (c *ctr) holdBg(script string) (int, string) {
 		c.t.Fatalf("docker exec: %v %s", err, out)
 	}
 	var answer string
-	eventually(c.t, "the helper answered", func() bool {
+	testutil.Eventually(c.t, 10*time.Second, "the helper answered", func() bool {
 		answer = c.sh("cat " + file + " 2>/dev/null")
 		return strings.HasPrefix(answer, "ok") || strings.HasPrefix(answer, "err")
 	})
@@ -249,7 +250,7 @@ func TestBypass(t *testing.T) {
 			t.Errorf("control %q: a resync did not find holder %d", r.name, pid)
 		}
 		exec.Command("kill", "-9", fmt.Sprint(pid)).Run()
-		eventually(t, "the control holder is gone from the ledger", func() bool { return !ledgerHolds(e, pid, 1, 0) })
+		testutil.Eventually(t, 10*time.Second, "the control holder is gone from the ledger", func() bool { return !ledgerHolds(e, pid, 1, 0) })
 	}
 	// An O_PATH fd alone is no open of the device (no gate, no driver, no
 	// GPU access): the events rightly ignore it. Observation only, for the
@@ -270,7 +271,7 @@ func TestBypass(t *testing.T) {
 			t.Errorf("an O_PATH-only fd of the GPU counts as a holder after a resync")
 		}
 		exec.Command("kill", "-9", fmt.Sprint(pid)).Run()
-		eventually(t, "the O_PATH holder is gone from the ledger", func() bool { return !ledgerHolds(e, pid, 1, 0) })
+		testutil.Eventually(t, 10*time.Second, "the O_PATH holder is gone from the ledger", func() bool { return !ledgerHolds(e, pid, 1, 0) })
 	}
 
 	// Attack: a high container holds the GPU.
@@ -288,7 +289,7 @@ func TestBypass(t *testing.T) {
 				t.Errorf("attack %q (try %d): %q inside the container, want err EPERM", r.name, i+1, got)
 			}
 		}
-		eventually(t, "the gate's deny record for "+r.name, func() bool {
+		testutil.Eventually(t, 10*time.Second, "the gate's deny record for "+r.name, func() bool {
 			for _, d := range records(e, preempt.ActionDeny) {
 				if d.Victim.ContainerID == c.id && d.GPU == 1 {
 					return true
@@ -298,7 +299,7 @@ func TestBypass(t *testing.T) {
 		})
 		t.Logf("attack  %-62s refused %d/%d with EPERM, deny record from the gate", r.name, tries, tries)
 	}
-	if !alive(highHolder.pid) || !high.running() {
+	if !testutil.Alive(highHolder.pid) || !high.running() {
 		t.Fatal("the high holder was harmed")
 	}
 	if n := len(records(e, preempt.ActionKill)); n != 1 {
@@ -318,7 +319,7 @@ func pidfdGetfdFallback(t *testing.T, e *env, c *ctr, r route, h holder) {
 		t.Fatalf("attack %q: %s, want ok (nothing in the kernel refuses it)", r.name, answer)
 	}
 	var rec preempt.Record
-	eventually(t, "the pidfd_getfd thief is killed", func() bool {
+	testutil.Eventually(t, 10*time.Second, "the pidfd_getfd thief is killed", func() bool {
 		for _, k := range records(e, preempt.ActionKill) {
 			if k.Victim.ContainerID == c.id {
 				rec = k
@@ -327,7 +328,7 @@ func pidfdGetfdFallback(t *testing.T, e *env, c *ctr, r route, h holder) {
 		}
 		return false
 	})
-	if alive(rec.Victim.PID) || rec.GPU != 1 || rec.Result != "done" || rec.Signal != "SIGKILL" {
+	if testutil.Alive(rec.Victim.PID) || rec.GPU != 1 || rec.Result != "done" || rec.Signal != "SIGKILL" {
 		t.Fatalf("kill record of the thief: %+v", rec)
 	}
 	if got := c.sh("pidof gpud-bypass || echo none"); got != "none" {
@@ -372,7 +373,7 @@ func TestBypassIOUringResync(t *testing.T) {
 		if e.d.Tracker().Resyncs.Load() == r0 {
 			t.Logf("io_uring open %q: in the ledger before any resync: %v", mode, seen)
 		}
-		eventually(t, "the periodic resync finds the io_uring holder", func() bool { return ledgerHolds(e, pid, 0, 0) })
+		testutil.Eventually(t, 10*time.Second, "the periodic resync finds the io_uring holder", func() bool { return ledgerHolds(e, pid, 0, 0) })
 		pids = append(pids, pid)
 	}
 	high := e.runCtr("high", bin, []string{"--device", e.gpus[0].Path + ":/dev/nvidia0"}, "gpud.io/priority=high")
@@ -380,13 +381,13 @@ func TestBypassIOUringResync(t *testing.T) {
 		t.Fatalf("high open: %q", got)
 	}
 	for _, pid := range pids {
-		eventually(t, "the io_uring holder is preempted", func() bool { return !alive(pid) })
+		testutil.Eventually(t, 10*time.Second, "the io_uring holder is preempted", func() bool { return !testutil.Alive(pid) })
 	}
 	// Records are journaled once each kill is confirmed, just after the
 	// holders are seen dead.
 	slices.Sort(pids)
 	var victims []int
-	eventually(t, "a kill record per io_uring holder", func() bool {
+	testutil.Eventually(t, 10*time.Second, "a kill record per io_uring holder", func() bool {
 		victims = victims[:0]
 		for _, k := range records(e, preempt.ActionKill) {
 			if k.Result == "done" && k.Victim.ContainerID == low.id {

@@ -21,6 +21,7 @@ import (
 
 	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/preempt"
+	"github.com/gpud/gpud/internal/testutil"
 )
 
 // buildGpud builds the gpud binary once per test binary run.
@@ -250,14 +251,14 @@ func TestCrashCampaign(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 		for _, pid := range innocents {
-			if !alive(pid) {
+			if !testutil.Alive(pid) {
 				t.Fatalf("crash %d: innocent process %d is dead", i, pid)
 			}
 		}
 		// A low holder still alive after a restart holds GPU 1 beside
 		// nobody high (the high open was brief): it is left alone, and
 		// killed by hand so that the next round starts clean.
-		if alive(victim) {
+		if testutil.Alive(victim) {
 			syscall.Kill(victim, syscall.SIGKILL)
 		} else {
 			diedByGpud[victim] = true

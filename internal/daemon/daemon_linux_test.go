@@ -165,7 +165,7 @@ func TestStartupFindsExistingHolder(t *testing.T) {
 		t.Fatalf("holder that predates gpud: ledger has %v, want fd %d", got, fd)
 	}
 	e.settle("pre-existing holder", holds(h.pid(), 1, fd))
-	waitStateFile(t, e.cfg.StateFile, func(f *v1.StateFile) bool {
+	testutil.WaitStateFile(t, e.cfg.StateFile, 3*time.Second, func(f *v1.StateFile) bool {
 		return len(f.GPUs) == 2 && holderIn(f.GPUs[1], h.pid()) && f.GPUs[1].State == occupancy.Busy
 	})
 }
@@ -177,22 +177,6 @@ func holderIn(g v1.StateGPU, pid int) bool {
 		}
 	}
 	return false
-}
-
-func waitStateFile(t *testing.T, path string, ok func(*v1.StateFile) bool) *v1.StateFile {
-	t.Helper()
-	deadline := time.Now().Add(3 * time.Second)
-	for {
-		f, err := occupancy.ReadStateFile(path)
-		if err == nil && ok(f) {
-			return f
-		}
-		if time.Now().After(deadline) {
-			b, _ := os.ReadFile(path)
-			t.Fatalf("state file never matched (last error %v):\n%s", err, b)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 func TestFDLifecycle(t *testing.T) {
@@ -254,7 +238,7 @@ func TestForkExecExit(t *testing.T) {
 	e.settle("before exec", all(holds(h.pid(), 0, int32(cloexec)), holds(h.pid(), 1, int32(keep))))
 	h.send("exec")
 	e.settle("exec", all(holds(h.pid(), 0), holds(h.pid(), 1, int32(keep))))
-	waitStateFile(t, e.cfg.StateFile, func(f *v1.StateFile) bool {
+	testutil.WaitStateFile(t, e.cfg.StateFile, 3*time.Second, func(f *v1.StateFile) bool {
 		for _, hd := range f.GPUs[1].Holders {
 			if hd.PID == h.pid() {
 				return hd.Comm == "sleep"
@@ -329,7 +313,7 @@ func TestContainerHolder(t *testing.T) {
 	fmt.Sscan(string(pidOut), &pid)
 	e.settle("container open", holds(pid, 1, 3))
 	// busybox renames itself after exec; the name catches up within a second.
-	waitStateFile(t, e.cfg.StateFile, func(f *v1.StateFile) bool {
+	testutil.WaitStateFile(t, e.cfg.StateFile, 3*time.Second, func(f *v1.StateFile) bool {
 		for _, hd := range f.GPUs[1].Holders {
 			if hd.PID == pid {
 				return hd.Comm == "sleep"
@@ -337,7 +321,7 @@ func TestContainerHolder(t *testing.T) {
 		}
 		return false
 	})
-	f := waitStateFile(t, e.cfg.StateFile, func(f *v1.StateFile) bool { return len(f.GPUs[1].Holders) > 0 })
+	f := testutil.WaitStateFile(t, e.cfg.StateFile, 3*time.Second, func(f *v1.StateFile) bool { return len(f.GPUs[1].Holders) > 0 })
 	var found bool
 	for _, hd := range f.GPUs[1].Holders {
 		if hd.PID == pid {
@@ -377,7 +361,7 @@ func TestGarbageStateFileRebuilt(t *testing.T) {
 			if !strings.Contains(e.logs.String(), "state file unreadable") {
 				t.Errorf("no warning about the state file in the log:\n%s", e.logs.String())
 			}
-			waitStateFile(t, e.cfg.StateFile, func(f *v1.StateFile) bool {
+			testutil.WaitStateFile(t, e.cfg.StateFile, 3*time.Second, func(f *v1.StateFile) bool {
 				return holderIn(f.GPUs[0], h.pid())
 			})
 			if b, err := os.ReadFile(e.cfg.StateFile + ".corrupt"); err != nil || string(b) != content {
@@ -394,7 +378,7 @@ func TestMonitoringSwitch(t *testing.T) {
 	if err := e.d.SetMonitoring(false); err != nil {
 		t.Fatal(err)
 	}
-	waitStateFile(t, e.cfg.StateFile, func(f *v1.StateFile) bool { return !f.Monitoring })
+	testutil.WaitStateFile(t, e.cfg.StateFile, 3*time.Second, func(f *v1.StateFile) bool { return !f.Monitoring })
 	h := startHelper(t)
 	fd := h.doInt("open %s", e.gpus[0].Path)
 	time.Sleep(100 * time.Millisecond)
@@ -405,7 +389,7 @@ func TestMonitoringSwitch(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.settle("switched back on", holds(h.pid(), 0, int32(fd)))
-	waitStateFile(t, e.cfg.StateFile, func(f *v1.StateFile) bool { return f.Monitoring })
+	testutil.WaitStateFile(t, e.cfg.StateFile, 3*time.Second, func(f *v1.StateFile) bool { return f.Monitoring })
 	h.do("close %d", fd)
 	e.settle("events flow again", holds(h.pid(), 0))
 }
@@ -416,14 +400,14 @@ func TestIdleAfter(t *testing.T) {
 	e.start()
 	h := startHelper(t)
 	h.doInt("open %s", e.gpus[0].Path)
-	waitStateFile(t, e.cfg.StateFile, func(f *v1.StateFile) bool { return f.GPUs[0].State == occupancy.Busy })
-	f := waitStateFile(t, e.cfg.StateFile, func(f *v1.StateFile) bool { return f.GPUs[0].State == occupancy.Idle })
+	testutil.WaitStateFile(t, e.cfg.StateFile, 3*time.Second, func(f *v1.StateFile) bool { return f.GPUs[0].State == occupancy.Busy })
+	f := testutil.WaitStateFile(t, e.cfg.StateFile, 3*time.Second, func(f *v1.StateFile) bool { return f.GPUs[0].State == occupancy.Idle })
 	if f.GPUs[0].IdleSince == nil {
 		t.Fatal("idle GPU without idle_since")
 	}
 	// A new open is activity: busy again.
 	h.doInt("open %s", e.gpus[0].Path)
-	waitStateFile(t, e.cfg.StateFile, func(f *v1.StateFile) bool { return f.GPUs[0].State == occupancy.Busy })
+	testutil.WaitStateFile(t, e.cfg.StateFile, 3*time.Second, func(f *v1.StateFile) bool { return f.GPUs[0].State == occupancy.Busy })
 }
 
 // More GPU events than the ring buffer holds: the drops are counted, a full

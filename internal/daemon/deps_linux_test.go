@@ -15,6 +15,7 @@ import (
 	"github.com/gpud/gpud/internal/nvidia"
 	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/preempt"
+	"github.com/gpud/gpud/internal/testutil"
 )
 
 // dockerGate is a unix-socket proxy in front of the Docker engine that the
@@ -105,15 +106,15 @@ func TestReclaimRetriedWhileDockerIsDown(t *testing.T) {
 	if got := high.tryOpen(0); got != "opened" {
 		t.Fatalf("high open: %q", got)
 	}
-	eventually(t, "the low holder is dead without the engine", func() bool { return !alive(lowPID) })
-	eventually(t, "the reclaim is failing and retried", func() bool {
+	testutil.Eventually(t, 10*time.Second, "the low holder is dead without the engine", func() bool { return !testutil.Alive(lowPID) })
+	testutil.Eventually(t, 10*time.Second, "the reclaim is failing and retried", func() bool {
 		return strings.Count(e.logs.String(), "reclaim failed; retrying") >= 2
 	})
 	if !low.running() {
 		t.Fatal("the low container stopped while the engine was away: the gate proxy leaked")
 	}
 	gate.up(t)
-	eventually(t, "the low container is stopped once the engine is back", func() bool { return !low.running() })
+	testutil.Eventually(t, 10*time.Second, "the low container is stopped once the engine is back", func() bool { return !low.running() })
 	time.Sleep(2 * time.Second) // a second stop would come now if it came
 	if n := dockerEvents(t, low.id, "stop", t0); n != 1 {
 		t.Errorf("the low container was stopped %d times, want once", n)
@@ -156,7 +157,7 @@ func TestNVMLFailingFallsBackToOpens(t *testing.T) {
 		t.Fatalf("GPU 0 is %s after idle-after with no activity, want idle", st.GPUs[0].State)
 	}
 	h.doInt("open %s", e.gpus[0].Path)
-	eventually(t, "an open makes GPU 0 busy again", func() bool {
+	testutil.Eventually(t, 10*time.Second, "an open makes GPU 0 busy again", func() bool {
 		return e.d.Ledger().Snapshot(time.Now()).GPUs[0].State == occupancy.Busy
 	})
 }

@@ -9,11 +9,13 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	v1 "github.com/gpud/gpud/api/v1"
 
 	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/status"
+	"github.com/gpud/gpud/internal/testutil"
 	"github.com/gpud/gpud/internal/workload"
 )
 
@@ -40,19 +42,13 @@ func TestExplainOverControlSocket(t *testing.T) {
 	e.start()
 	reg := e.d.Registry()
 
-	hdir, hid := testCgroup(t, "high")
-	reg.Put(workload.Workload{CgroupID: hid, Priority: occupancy.High, TaskID: "explain-high"})
-	hi := startHelper(t)
-	joinCgroup(t, hdir, hi.pid())
+	hi, _ := classified(t, reg, "high", occupancy.High, "explain-high")
 	hi.doInt("open %s", e.gpus[0].Path)
 
-	ldir, lid := testCgroup(t, "low")
-	reg.Put(workload.Workload{CgroupID: lid, Priority: occupancy.Low, TaskID: "explain-low"})
-	lo := startHelper(t)
-	joinCgroup(t, ldir, lo.pid())
+	lo, lid := classified(t, reg, "low", occupancy.Low, "explain-low")
 	lo.doInt("open %s", e.gpus[1].Path)
-	waitStateFile(t, e.cfg.StateFile, func(f *v1.StateFile) bool {
-		return priorityOf(f, 0, hi.pid()) == occupancy.High && priorityOf(f, 1, lo.pid()) == occupancy.Low
+	testutil.WaitStateFile(t, e.cfg.StateFile, 3*time.Second, func(f *v1.StateFile) bool {
+		return testutil.HolderPriority(f, 0, hi.pid()) == occupancy.High && testutil.HolderPriority(f, 1, lo.pid()) == occupancy.Low
 	})
 
 	code, body := explainOver(t, e.cfg.ControlSocket, lo.pid())

@@ -133,26 +133,6 @@ func (c *ctr) running() bool {
 	return err == nil && strings.TrimSpace(string(out)) == "true"
 }
 
-func alive(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
-	return len(f) > 0 && f[0] != "Z"
-}
-
-func eventually(t *testing.T, what string, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("never: %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 func records(e *env, action string) []preempt.Record {
 	var out []preempt.Record
 	for _, r := range e.d.Journal().Recent() {
@@ -176,17 +156,17 @@ func TestGateLowHeldHighOpens(t *testing.T) {
 	if got := high.tryOpen(0); got != "opened" {
 		t.Fatalf("high open on a low-held GPU: %q", got)
 	}
-	eventually(t, "the low holder is dead", func() bool { return !alive(lowPID) })
-	eventually(t, "the low container is stopped", func() bool { return !low.running() })
+	testutil.Eventually(t, 10*time.Second, "the low holder is dead", func() bool { return !testutil.Alive(lowPID) })
+	testutil.Eventually(t, 10*time.Second, "the low container is stopped", func() bool { return !low.running() })
 	if !high.running() {
 		t.Fatal("the high container was stopped")
 	}
-	eventually(t, "a kill record", func() bool { return len(records(e, preempt.ActionKill)) > 0 })
+	testutil.Eventually(t, 10*time.Second, "a kill record", func() bool { return len(records(e, preempt.ActionKill)) > 0 })
 	r := records(e, preempt.ActionKill)[0]
 	if r.Victim.PID != lowPID || r.Victim.ContainerID != low.id || r.Preemptor.ContainerID != high.id || r.GPU != 0 || r.Result != "done" {
 		t.Errorf("kill record: %+v", r)
 	}
-	waitStateFile(t, e.cfg.StateFile, func(f *v1.StateFile) bool {
+	testutil.WaitStateFile(t, e.cfg.StateFile, 3*time.Second, func(f *v1.StateFile) bool {
 		for _, raw := range f.Preemptions {
 			var r preempt.Record
 			if json.Unmarshal(raw, &r) == nil && r.Action == preempt.ActionKill && r.Victim.PID == lowPID {
@@ -209,8 +189,8 @@ func TestGateHighHeldLowDenied(t *testing.T) {
 	if !strings.Contains(got, "Operation not permitted") {
 		t.Fatalf("low open on a high-held GPU: %q, want EPERM", got)
 	}
-	eventually(t, "the refused low container is reclaimed", func() bool { return !low.running() })
-	if !alive(highPID) || !high.running() {
+	testutil.Eventually(t, 10*time.Second, "the refused low container is reclaimed", func() bool { return !low.running() })
+	if !testutil.Alive(highPID) || !high.running() {
 		t.Fatal("the high holder was harmed")
 	}
 	if d := records(e, preempt.ActionDeny); len(d) == 0 || d[0].Victim.ContainerID != low.id || d[0].GPU != 1 {
@@ -233,12 +213,12 @@ func TestGateSameClassShares(t *testing.T) {
 	q1, q2 := l1.hold(1), l2.hold(1)
 	time.Sleep(300 * time.Millisecond)
 	for _, pid := range []int{p1, p2, q1, q2} {
-		if !alive(pid) {
+		if !testutil.Alive(pid) {
 			t.Fatalf("pid %d died while sharing with its own class", pid)
 		}
 	}
 	e.settle("shared", all(holds(p1, 0, 3), holds(p2, 0, 3), holds(q1, 1, 3), holds(q2, 1, 3)))
-	f := waitStateFile(t, e.cfg.StateFile, func(f *v1.StateFile) bool {
+	f := testutil.WaitStateFile(t, e.cfg.StateFile, 3*time.Second, func(f *v1.StateFile) bool {
 		return len(f.GPUs[0].Holders) >= 2 && len(f.GPUs[1].Holders) >= 2
 	})
 	for _, g := range f.GPUs {
@@ -276,7 +256,7 @@ func TestGateUnmanagedNeverTouched(t *testing.T) {
 		t.Fatalf("unlabeled open of a high-held GPU: %q", got)
 	}
 	time.Sleep(500 * time.Millisecond)
-	if !alive(pp) || !alive(po) || !plain.running() || !odd.running() {
+	if !testutil.Alive(pp) || !testutil.Alive(po) || !plain.running() || !odd.running() {
 		t.Fatal("an unmanaged container was harmed")
 	}
 	if n := e.d.Registry().MalformedSeen.Load(); n != 1 {
@@ -304,7 +284,7 @@ func TestGateEarliestRequestFirst(t *testing.T) {
 		t.Fatalf("second low open: %q", got)
 	}
 	exec.Command("kill", "-9", fmt.Sprint(hp)).Run() // the high holder leaves
-	eventually(t, "GPU 0 reserved", func() bool { _, ok := e.d.Reservation(0); return ok })
+	testutil.Eventually(t, 10*time.Second, "GPU 0 reserved", func() bool { _, ok := e.d.Reservation(0); return ok })
 	if got := second.tryOpen(0); !strings.Contains(got, "not permitted") {
 		t.Fatalf("the later waiter got in before the earliest: %q", got)
 	}
@@ -312,7 +292,7 @@ func TestGateEarliestRequestFirst(t *testing.T) {
 		t.Fatalf("the earliest waiter was refused its reservation: %q", got)
 	}
 	// Then the next waiter's turn.
-	eventually(t, "reserved for the second", func() bool {
+	testutil.Eventually(t, 10*time.Second, "reserved for the second", func() bool {
 		id, ok := e.d.Reservation(0)
 		w, _ := e.d.Registry().Lookup(occupancy.ProcInfo{ContainerID: second.id})
 		return ok && id == w.CgroupID
@@ -332,7 +312,7 @@ func TestGateCheckpointAndResume(t *testing.T) {
 	lp := low.hold(0)
 	high := e.container("high", "gpud.io/priority=high")
 	high.tryOpen(0)
-	eventually(t, "the low holder is dead", func() bool { return !alive(lp) })
+	testutil.Eventually(t, 10*time.Second, "the low holder is dead", func() bool { return !testutil.Alive(lp) })
 	b, err := os.ReadFile(filepath.Join(e.cfg.CheckpointRoot, "train-42", preempt.CheckpointFile))
 	if err != nil {
 		t.Fatal(err)
@@ -345,14 +325,14 @@ func TestGateCheckpointAndResume(t *testing.T) {
 	// The record is journaled once the kill is confirmed, just after the
 	// holder is seen dead.
 	var kills []preempt.Record
-	eventually(t, "the kill record", func() bool { kills = records(e, preempt.ActionKill); return len(kills) > 0 })
+	testutil.Eventually(t, 10*time.Second, "the kill record", func() bool { kills = records(e, preempt.ActionKill); return len(kills) > 0 })
 	if len(kills) != 1 || kills[0].Signal != "SIGTERM" && kills[0].Signal != "SIGKILL" || kills[0].Victim.TaskID != "train-42" {
 		t.Fatalf("kill records: %+v", kills)
 	}
 	// The task comes back (a new container, same task id) on the free GPU.
 	again := e.container("train-again", "gpud.io/priority=low", "gpud.io/task-id=train-42")
 	again.hold(1)
-	eventually(t, "record marked resumed", func() bool {
+	testutil.Eventually(t, 10*time.Second, "record marked resumed", func() bool {
 		for _, r := range records(e, preempt.ActionKill) {
 			if r.Victim.TaskID == "train-42" && r.ResumedAt != nil {
 				return true
@@ -373,7 +353,7 @@ func TestGateRestartKillsNobody(t *testing.T) {
 		e.settle("after restart", all(holds(lp, 0, 3), holds(hp, 1, 3)))
 	}
 	time.Sleep(300 * time.Millisecond)
-	if !alive(lp) || !alive(hp) || !low.running() || !high.running() {
+	if !testutil.Alive(lp) || !testutil.Alive(hp) || !low.running() || !high.running() {
 		t.Fatal("a restart harmed a holder")
 	}
 	if n := len(records(e, preempt.ActionKill)); n != 0 {

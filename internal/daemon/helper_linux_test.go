@@ -17,6 +17,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpud/gpud/internal/occupancy"
+	"github.com/gpud/gpud/internal/testutil"
+	"github.com/gpud/gpud/internal/workload"
 	"golang.org/x/sys/unix"
 )
 
@@ -272,4 +275,15 @@ func (h *helper) send(format string, args ...any) {
 func (h *helper) doInt(format string, args ...any) int {
 	h.t.Helper()
 	return atoi(h.do(format, args...))
+}
+
+// classified starts a helper in a new cgroup that reg classifies as class
+// (a workload known by its cgroup alone, named by taskID).
+func classified(t *testing.T, reg *workload.Registry, name string, class occupancy.Priority, taskID string) (*helper, uint64) {
+	t.Helper()
+	dir, id := testutil.Cgroup(t, name)
+	reg.Put(workload.Workload{CgroupID: id, Priority: class, TaskID: taskID})
+	h := startHelper(t)
+	testutil.JoinCgroup(t, dir, h.pid())
+	return h, id
 }

@@ -3,16 +3,17 @@ package daemon_test
 import (
 	"bufio"
 	"bytes"
-	"io"
 	"net"
 	"net/http"
 	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/preempt"
+	"github.com/gpud/gpud/internal/testutil"
 )
 
 func freeAddr(t *testing.T) string {
@@ -23,18 +24,6 @@ func freeAddr(t *testing.T) string {
 	}
 	defer ln.Close()
 	return ln.Addr().String()
-}
-
-func httpGet(t *testing.T, url string) (int, string) {
-	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Logf("GET %s: %v", url, err)
-		return 0, ""
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
 }
 
 // sample returns the value of the series name{labels...} in a Prometheus
@@ -75,11 +64,11 @@ func TestMetricsEndpoint(t *testing.T) {
 	e.cfg.Version = "test-1"
 	e.start()
 	base := "http://" + addr
-	eventually(t, "/readyz answers 200", func() bool {
-		code, _ := httpGet(t, base+"/readyz")
+	testutil.Eventually(t, 10*time.Second, "/readyz answers 200", func() bool {
+		code, _, _ := testutil.HTTPGet(base + "/readyz")
 		return code == http.StatusOK
 	})
-	if code, _ := httpGet(t, base+"/healthz"); code != http.StatusOK {
+	if code, _, _ := testutil.HTTPGet(base + "/healthz"); code != http.StatusOK {
 		t.Fatalf("/healthz: %d", code)
 	}
 
@@ -89,7 +78,7 @@ func TestMetricsEndpoint(t *testing.T) {
 	if got := high.tryOpen(0); got != "opened" {
 		t.Fatalf("high open: %q", got)
 	}
-	eventually(t, "the low holder is dead", func() bool { return !alive(lowPID) })
+	testutil.Eventually(t, 10*time.Second, "the low holder is dead", func() bool { return !testutil.Alive(lowPID) })
 	highPID := high.hold(0)
 	late := e.container("mlate", "gpud.io/priority=low")
 	if got := late.tryOpen(0); !strings.Contains(got, "Operation not permitted") {
@@ -123,8 +112,8 @@ func TestMetricsEndpoint(t *testing.T) {
 		{"gpud_enforcing", nil, 1},
 		{"gpud_monitoring_enabled", nil, 1},
 	}
-	eventually(t, "/metrics shows the preemption, the refusal and the holders", func() bool {
-		_, body = httpGet(t, base+"/metrics")
+	testutil.Eventually(t, 10*time.Second, "/metrics shows the preemption, the refusal and the holders", func() bool {
+		_, body, _ = testutil.HTTPGet(base + "/metrics")
 		for _, c := range checks {
 			if v, ok := sample(body, c.name, c.labels...); !ok || v < c.min {
 				return false

@@ -14,6 +14,7 @@ import (
 	"github.com/gpud/gpud/bpf"
 	"github.com/gpud/gpud/internal/cgroups"
 	"github.com/gpud/gpud/internal/preempt"
+	"github.com/gpud/gpud/internal/testutil"
 	"golang.org/x/sys/unix"
 )
 
@@ -87,16 +88,16 @@ func TestPinnedGateAcrossRestarts(t *testing.T) {
 		t.Fatalf("low open while gpud is down, before fail-open: %q, want EPERM", got)
 	}
 	// After --fail-open-after without a heartbeat, everything is allowed.
-	eventually(t, "the orphaned gate fails open", func() bool {
+	testutil.Eventually(t, 10*time.Second, "the orphaned gate fails open", func() bool {
 		return time.Since(stopped) > 3*time.Second && low.tryOpen(0) == "opened"
 	})
-	if !alive(highPID) {
+	if !testutil.Alive(highPID) {
 		t.Fatal("the high holder died while gpud was down")
 	}
 
 	// The next gpud: the same link, its own program on it.
 	e.stop = e.startDaemon()
-	eventually(t, "the new gpud took the gate over", func() bool {
+	testutil.Eventually(t, 10*time.Second, "the new gpud took the gate over", func() bool {
 		got := gatePrograms(t)
 		return len(got) == len(first) && !slices.Equal(got, first) && strings.Contains(e.logs.String(), "took over the gate")
 	})
@@ -104,7 +105,7 @@ func TestPinnedGateAcrossRestarts(t *testing.T) {
 	if got := low2.tryOpen(0); !strings.Contains(got, "Operation not permitted") {
 		t.Fatalf("low open after the restart: %q, want EPERM from the new gate", got)
 	}
-	if !alive(highPID) {
+	if !testutil.Alive(highPID) {
 		t.Fatal("the restart killed the high holder")
 	}
 

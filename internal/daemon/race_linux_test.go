@@ -6,46 +6,15 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/gpud/gpud/bpf"
-	"github.com/gpud/gpud/internal/cgroups"
 	"github.com/gpud/gpud/internal/occupancy"
+	"github.com/gpud/gpud/internal/testutil"
 	"github.com/gpud/gpud/internal/workload"
 )
-
-// testCgroup makes a cgroup v2 directory for host processes of one class.
-func testCgroup(tb testing.TB, name string) (string, uint64) {
-	tb.Helper()
-	root, _, err := cgroups.V2Root()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	dir := filepath.Join(root, fmt.Sprintf("gpud-test-%s-%d", name, os.Getpid()))
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() {
-		for i := 0; i < 100 && os.Remove(dir) != nil; i++ {
-			time.Sleep(20 * time.Millisecond) // members still exiting
-		}
-	})
-	id, err := cgroups.ID(dir)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return dir, id
-}
-
-func joinCgroup(tb testing.TB, dir string, pid int) {
-	tb.Helper()
-	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0o644); err != nil {
-		tb.Fatal(err)
-	}
-}
 
 type interval struct{ a, b uint64 }
 
@@ -96,8 +65,8 @@ func runRace(tb testing.TB, d interface {
 	Registry() *workload.Registry
 	Monitor() *bpf.Monitor
 }, gpu string, attempts int) (int, int, int) {
-	hdir, hid := testCgroup(tb, "high")
-	ldir, lid := testCgroup(tb, "low")
+	hdir, hid := testutil.Cgroup(tb, "high")
+	ldir, lid := testutil.Cgroup(tb, "low")
 	// The high class is known to user space (its holders count in the
 	// gate's policy); the low class only to the kernel gate, so that the
 	// row-1 preemption never kills the low prober: this measures the deny.
@@ -106,8 +75,8 @@ func runRace(tb testing.TB, d interface {
 		tb.Fatal(err)
 	}
 	hi, lo := startHelper(tb), startHelper(tb)
-	joinCgroup(tb, hdir, hi.pid())
-	joinCgroup(tb, ldir, lo.pid())
+	testutil.JoinCgroup(tb, hdir, hi.pid())
+	testutil.JoinCgroup(tb, ldir, lo.pid())
 	dir := tb.TempDir()
 	hout, lout := filepath.Join(dir, "high"), filepath.Join(dir, "low")
 	var wg sync.WaitGroup

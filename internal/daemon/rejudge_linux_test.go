@@ -9,6 +9,7 @@ import (
 	"github.com/gpud/gpud/internal/daemon"
 	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/preempt"
+	"github.com/gpud/gpud/internal/testutil"
 	"github.com/gpud/gpud/internal/workload"
 )
 
@@ -29,18 +30,27 @@ func rejudgeEnv(t *testing.T) *env {
 // container is known to gpud only by its cgroup (its class the default).
 func containerHolder(t *testing.T, e *env, gpu int) (h *helper, id string, cgID uint64) {
 	t.Helper()
-	dir, id, cgID := containerCgroup(t)
+	dir, id, cgID := testutil.ContainerCgroup(t)
 	h = startHelper(t)
-	joinCgroup(t, dir, h.pid())
+	testutil.JoinCgroup(t, dir, h.pid())
 	h.doInt("open %s", e.gpus[gpu].Path)
 	return h, id, cgID
 }
 
+// highHolder starts a high-priority holder of GPU 0.
+func highHolder(t *testing.T, e *env, name string) (*helper, *workload.Registry) {
+	t.Helper()
+	reg := e.d.Registry()
+	hi, _ := classified(t, reg, name, occupancy.High, name)
+	hi.doInt("open %s", e.gpus[0].Path)
+	return hi, reg
+}
+
 func waitDead(t *testing.T, e *env, pid int, what string) preempt.Record {
 	t.Helper()
-	eventually(t, what, func() bool { return !alive(pid) })
+	testutil.Eventually(t, 10*time.Second, what, func() bool { return !testutil.Alive(pid) })
 	var rec preempt.Record
-	eventually(t, what+": its record", func() bool {
+	testutil.Eventually(t, 10*time.Second, what+": its record", func() bool {
 		for _, r := range records(e, preempt.ActionKill) {
 			if r.Victim.PID == pid {
 				rec = r
@@ -57,19 +67,13 @@ func waitDead(t *testing.T, e *env, pid int, what string) preempt.Record {
 // killed and recorded, whichever came first; the high one is untouched.
 func TestRejudgeWhenClassChanges(t *testing.T) {
 	e := rejudgeEnv(t)
-	reg := e.d.Registry()
-
 	// GPU 0: a high holder first, then a holder whose class is not known
 	// yet (it got past the gate unclassified).
-	hdir, hcg := testCgroup(t, "rejudge-high")
-	reg.Put(workload.Workload{CgroupID: hcg, Priority: occupancy.High, TaskID: "rejudge-high"})
-	hi := startHelper(t)
-	joinCgroup(t, hdir, hi.pid())
-	hi.doInt("open %s", e.gpus[0].Path)
+	hi, reg := highHolder(t, e, "rejudge-high")
 	late, lateID, lateCG := containerHolder(t, e, 0)
-	waitStateFile(t, e.cfg.StateFile, func(f *v1.StateFile) bool { return priorityOf(f, 0, late.pid()) == occupancy.Unmanaged })
+	testutil.WaitStateFile(t, e.cfg.StateFile, 3*time.Second, func(f *v1.StateFile) bool { return testutil.HolderPriority(f, 0, late.pid()) == occupancy.Unmanaged })
 	time.Sleep(200 * time.Millisecond)
-	if !alive(late.pid()) {
+	if !testutil.Alive(late.pid()) {
 		t.Fatal("an unmanaged holder beside a high one was killed")
 	}
 	// Its label arrives: low.
@@ -80,7 +84,7 @@ func TestRejudgeWhenClassChanges(t *testing.T) {
 	if !strings.Contains(r.Rule, "class known after the open") || r.Preemptor.PID != hi.pid() || r.Result != "done" {
 		t.Errorf("record %+v", r)
 	}
-	if !alive(hi.pid()) {
+	if !testutil.Alive(hi.pid()) {
 		t.Fatal("the high holder died")
 	}
 
@@ -90,11 +94,11 @@ func TestRejudgeWhenClassChanges(t *testing.T) {
 	reg.Put(workload.Workload{ContainerID: loID, CgroupID: loCG, Name: "lo", Priority: occupancy.Low})
 	up, upID, upCG := containerHolder(t, e, 1)
 	reg.Put(workload.Workload{ContainerID: upID, CgroupID: upCG, Name: "up", Priority: occupancy.Low})
-	waitStateFile(t, e.cfg.StateFile, func(f *v1.StateFile) bool {
-		return priorityOf(f, 1, lo.pid()) == occupancy.Low && priorityOf(f, 1, up.pid()) == occupancy.Low
+	testutil.WaitStateFile(t, e.cfg.StateFile, 3*time.Second, func(f *v1.StateFile) bool {
+		return testutil.HolderPriority(f, 1, lo.pid()) == occupancy.Low && testutil.HolderPriority(f, 1, up.pid()) == occupancy.Low
 	})
 	time.Sleep(200 * time.Millisecond)
-	if !alive(lo.pid()) || !alive(up.pid()) {
+	if !testutil.Alive(lo.pid()) || !testutil.Alive(up.pid()) {
 		t.Fatal("two low holders of one GPU: one was killed")
 	}
 	reg.Put(workload.Workload{ContainerID: upID, CgroupID: upCG, Name: "up", Priority: occupancy.High})
@@ -102,7 +106,7 @@ func TestRejudgeWhenClassChanges(t *testing.T) {
 	if r.Preemptor.PID != up.pid() {
 		t.Errorf("record names preemptor %d, want %d", r.Preemptor.PID, up.pid())
 	}
-	if !alive(up.pid()) {
+	if !testutil.Alive(up.pid()) {
 		t.Fatal("the relabelled high holder died")
 	}
 }
@@ -111,21 +115,16 @@ func TestRejudgeWhenClassChanges(t *testing.T) {
 // container's holder beside a high one dies when the default becomes low.
 func TestRejudgeWhenDefaultChanges(t *testing.T) {
 	e := rejudgeEnv(t)
-	reg := e.d.Registry()
-	hdir, hcg := testCgroup(t, "rejudge-default-high")
-	reg.Put(workload.Workload{CgroupID: hcg, Priority: occupancy.High, TaskID: "rejudge-default-high"})
-	hi := startHelper(t)
-	joinCgroup(t, hdir, hi.pid())
-	hi.doInt("open %s", e.gpus[0].Path)
+	hi, reg := highHolder(t, e, "rejudge-default-high")
 	plain, id, cg := containerHolder(t, e, 0)
 	reg.Put(workload.Workload{ContainerID: id, CgroupID: cg, Name: "unlabelled", Priority: reg.Classify(id, nil)})
-	waitStateFile(t, e.cfg.StateFile, func(f *v1.StateFile) bool { return priorityOf(f, 0, plain.pid()) == occupancy.Unmanaged })
+	testutil.WaitStateFile(t, e.cfg.StateFile, 3*time.Second, func(f *v1.StateFile) bool { return testutil.HolderPriority(f, 0, plain.pid()) == occupancy.Unmanaged })
 
 	if err := e.d.Reload(daemon.Reloadable{IdleAfter: time.Minute, DefaultPriority: occupancy.Low}); err != nil {
 		t.Fatal(err)
 	}
 	waitDead(t, e, plain.pid(), "the unlabelled holder, low by the new default, dies")
-	if !alive(hi.pid()) {
+	if !testutil.Alive(hi.pid()) {
 		t.Fatal("the high holder died")
 	}
 }
@@ -136,16 +135,11 @@ func TestRejudgeWhenDefaultChanges(t *testing.T) {
 func TestMonitoringOffAndBackOn(t *testing.T) {
 	e := rejudgeEnv(t)
 	reg := e.d.Registry()
-	hdir, hcg := testCgroup(t, "monitoring-high")
-	reg.Put(workload.Workload{CgroupID: hcg, Priority: occupancy.High, TaskID: "monitoring-high"})
-	ldir, lcg := testCgroup(t, "monitoring-low")
-	reg.Put(workload.Workload{CgroupID: lcg, Priority: occupancy.Low, TaskID: "monitoring-low"})
-	hi := startHelper(t)
-	joinCgroup(t, hdir, hi.pid())
-	hi.doInt("open %s", e.gpus[0].Path)
-	lo := startHelper(t)
-	joinCgroup(t, ldir, lo.pid())
-	waitStateFile(t, e.cfg.StateFile, func(f *v1.StateFile) bool { return f.Enforcing && priorityOf(f, 0, hi.pid()) == occupancy.High })
+	hi, _ := highHolder(t, e, "monitoring-high")
+	lo, _ := classified(t, reg, "monitoring-low", occupancy.Low, "monitoring-low")
+	testutil.WaitStateFile(t, e.cfg.StateFile, 3*time.Second, func(f *v1.StateFile) bool {
+		return f.Enforcing && testutil.HolderPriority(f, 0, hi.pid()) == occupancy.High
+	})
 	if got := tryOpen(lo, e.gpus[0].Path); got != "operation not permitted" {
 		t.Fatalf("low open of a high-held GPU with monitoring on: %s", got)
 	}
@@ -153,7 +147,7 @@ func TestMonitoringOffAndBackOn(t *testing.T) {
 	if err := e.d.SetMonitoring(false); err != nil {
 		t.Fatal(err)
 	}
-	f := waitStateFile(t, e.cfg.StateFile, func(f *v1.StateFile) bool { return !f.Monitoring })
+	f := testutil.WaitStateFile(t, e.cfg.StateFile, 3*time.Second, func(f *v1.StateFile) bool { return !f.Monitoring })
 	if f.Enforcing {
 		t.Error("state file says enforcing with monitoring off")
 	}
@@ -163,7 +157,7 @@ func TestMonitoringOffAndBackOn(t *testing.T) {
 	// Off means off: the open gets through, as the state file says.
 	lo.doInt("open %s", e.gpus[0].Path)
 	time.Sleep(200 * time.Millisecond)
-	if !alive(lo.pid()) {
+	if !testutil.Alive(lo.pid()) {
 		t.Fatal("a holder was killed while monitoring was off")
 	}
 
@@ -171,7 +165,7 @@ func TestMonitoringOffAndBackOn(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitDead(t, e, lo.pid(), "the low holder that got in while monitoring was off dies when it is back on")
-	if !alive(hi.pid()) {
+	if !testutil.Alive(hi.pid()) {
 		t.Fatal("the high holder died")
 	}
 	if v := gauge(t, e, "gpud_enforcing"); v != 1 {
@@ -205,7 +199,7 @@ func TestRejudgeAtStart(t *testing.T) {
 	hp, lp := high.hold(0), low.hold(0)
 	e.start()
 	r := waitDead(t, e, lp, "the low holder beside a high one when gpud starts")
-	if r.Preemptor.PID != hp || !alive(hp) {
-		t.Fatalf("record %+v; high holder alive %v", r, alive(hp))
+	if r.Preemptor.PID != hp || !testutil.Alive(hp) {
+		t.Fatalf("record %+v; high holder alive %v", r, testutil.Alive(hp))
 	}
 }

@@ -1,50 +1,18 @@
 package daemon_test
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
-	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	v1 "github.com/gpud/gpud/api/v1"
 
-	"github.com/gpud/gpud/internal/cgroups"
 	"github.com/gpud/gpud/internal/daemon"
 	"github.com/gpud/gpud/internal/occupancy"
+	"github.com/gpud/gpud/internal/testutil"
 	"github.com/gpud/gpud/internal/workload"
 )
-
-var ctrCgroups atomic.Int64
-
-// containerCgroup makes a cgroup that looks like a Docker container's
-// (docker-<id>.scope), for processes gpud sees as in a container.
-func containerCgroup(t *testing.T) (dir, id string, cgID uint64) {
-	t.Helper()
-	parent, _ := testCgroup(t, fmt.Sprintf("ctr%d", ctrCgroups.Add(1)))
-	b := make([]byte, 32)
-	rand.Read(b)
-	id = hex.EncodeToString(b)
-	dir = filepath.Join(parent, "docker-"+id+".scope")
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		for i := 0; i < 100 && os.Remove(dir) != nil; i++ {
-			time.Sleep(20 * time.Millisecond)
-		}
-	})
-	cgID, err := cgroups.ID(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return dir, id, cgID
-}
 
 // tryOpen opens path in h and returns "ok" or the error.
 func tryOpen(h *helper, path string) string {
@@ -62,15 +30,6 @@ func tryOpen(h *helper, path string) string {
 	return "ok"
 }
 
-func priorityOf(f *v1.StateFile, gpu, pid int) occupancy.Priority {
-	for _, h := range f.GPUs[gpu].Holders {
-		if h.PID == pid {
-			return h.Priority
-		}
-	}
-	return ""
-}
-
 // A reload changes idle-after, the default class (of holders and of the
 // gate's cgroups) and the grace, on the running daemon.
 func TestReloadAppliesAtRunTime(t *testing.T) {
@@ -85,21 +44,18 @@ func TestReloadAppliesAtRunTime(t *testing.T) {
 	reg := e.d.Registry()
 
 	// A high-priority holder of GPU 0.
-	hdir, hid := testCgroup(t, "high")
-	reg.Put(workload.Workload{CgroupID: hid, Priority: occupancy.High, TaskID: "reload-high"})
-	hi := startHelper(t)
-	joinCgroup(t, hdir, hi.pid())
+	hi, _ := classified(t, reg, "high", occupancy.High, "reload-high")
 	hi.doInt("open %s", e.gpus[0].Path)
 
 	// A container without the label, known to gpud (its class is the
 	// default), and a process in it holding GPU 1.
-	ddir, did, dcg := containerCgroup(t)
+	ddir, did, dcg := testutil.ContainerCgroup(t)
 	reg.Put(workload.Workload{ContainerID: did, CgroupID: dcg, Name: "unlabeled", Priority: reg.Classify(did, nil)})
 	lo := startHelper(t)
-	joinCgroup(t, ddir, lo.pid())
+	testutil.JoinCgroup(t, ddir, lo.pid())
 	lo.doInt("open %s", e.gpus[1].Path)
-	waitStateFile(t, e.cfg.StateFile, func(f *v1.StateFile) bool {
-		return priorityOf(f, 1, lo.pid()) == occupancy.Unmanaged && f.GPUs[1].State == occupancy.Busy
+	testutil.WaitStateFile(t, e.cfg.StateFile, 3*time.Second, func(f *v1.StateFile) bool {
+		return testutil.HolderPriority(f, 1, lo.pid()) == occupancy.Unmanaged && f.GPUs[1].State == occupancy.Busy
 	})
 	if got := tryOpen(lo, e.gpus[0].Path); got != "ok" {
 		t.Fatalf("unmanaged open of a high-held GPU: %s", got)
@@ -112,12 +68,12 @@ func TestReloadAppliesAtRunTime(t *testing.T) {
 		t.Errorf("registry default %q", got)
 	}
 	// The holder is low now, and the gate refuses its open of the high-held GPU.
-	waitStateFile(t, e.cfg.StateFile, func(f *v1.StateFile) bool { return priorityOf(f, 1, lo.pid()) == occupancy.Low })
+	testutil.WaitStateFile(t, e.cfg.StateFile, 3*time.Second, func(f *v1.StateFile) bool { return testutil.HolderPriority(f, 1, lo.pid()) == occupancy.Low })
 	if got := tryOpen(lo, e.gpus[0].Path); got != "operation not permitted" {
 		t.Errorf("low open of a high-held GPU after the reload: %s", got)
 	}
 	// idle-after 1s: GPU 1 (no activity since its open) goes idle.
-	f := waitStateFile(t, e.cfg.StateFile, func(f *v1.StateFile) bool { return f.GPUs[1].State == occupancy.Idle })
+	f := testutil.WaitStateFile(t, e.cfg.StateFile, 3*time.Second, func(f *v1.StateFile) bool { return f.GPUs[1].State == occupancy.Idle })
 	if f.GPUs[1].IdleSince == nil {
 		t.Error("idle without idle_since")
 	}
@@ -126,13 +82,13 @@ func TestReloadAppliesAtRunTime(t *testing.T) {
 	if err := e.d.Reload(daemon.Reloadable{IdleAfter: time.Second, DefaultPriority: occupancy.Low, Monitoring: &off}); err != nil {
 		t.Fatal(err)
 	}
-	waitStateFile(t, e.cfg.StateFile, func(f *v1.StateFile) bool { return !f.Monitoring })
+	testutil.WaitStateFile(t, e.cfg.StateFile, 3*time.Second, func(f *v1.StateFile) bool { return !f.Monitoring })
 	on := true
 	if err := e.d.Reload(daemon.Reloadable{IdleAfter: time.Second, DefaultPriority: occupancy.Unmanaged, Monitoring: &on}); err != nil {
 		t.Fatal(err)
 	}
-	waitStateFile(t, e.cfg.StateFile, func(f *v1.StateFile) bool {
-		return f.Monitoring && priorityOf(f, 1, lo.pid()) == occupancy.Unmanaged
+	testutil.WaitStateFile(t, e.cfg.StateFile, 3*time.Second, func(f *v1.StateFile) bool {
+		return f.Monitoring && testutil.HolderPriority(f, 1, lo.pid()) == occupancy.Unmanaged
 	})
 
 	// Invalid settings change nothing.

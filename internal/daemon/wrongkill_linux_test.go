@@ -115,21 +115,21 @@ func TestWrongKillPIDReuse(t *testing.T) {
 		p.wait(t, "the kill of the victim")
 
 		syscall.Kill(victim, syscall.SIGKILL)
-		eventually(t, "the victim's PID is free", func() bool {
+		testutil.Eventually(t, 10*time.Second, "the victim's PID is free", func() bool {
 			_, err := os.Stat(fmt.Sprintf("/proc/%d", victim))
 			return err != nil
 		})
 		innocent := reusePID(t, victim)
 		innocent.doInt("open %s", e.gpus[0].Path)
-		joinCgroup(t, lowDir, innocent.pid())
+		testutil.JoinCgroup(t, lowDir, innocent.pid())
 		if fds, _ := e.truth.GPUFDs(victim); len(fds[0]) == 0 {
 			t.Fatal("the innocent process does not hold the victim's GPU")
 		}
 		p.go_()
 
-		eventually(t, "the kill is recorded", func() bool { _, ok := killRecordOf(e, victim); return ok })
+		testutil.Eventually(t, 10*time.Second, "the kill is recorded", func() bool { _, ok := killRecordOf(e, victim); return ok })
 		time.Sleep(200 * time.Millisecond)
-		if !alive(innocent.pid()) {
+		if !testutil.Alive(innocent.pid()) {
 			t.Fatalf("round %d: the innocent process holding the reused PID %d was killed", round, victim)
 		}
 		if r, _ := killRecordOf(e, victim); r.Result != "gone" || r.Signal != "" {
@@ -173,7 +173,7 @@ func TestWrongKillVictimMovesCgroup(t *testing.T) {
 	e.start()
 	high := e.container("high", "gpud.io/priority=high")
 	highPID := high.hold(1)
-	unclassified, _ := testCgroup(t, "unclassified")
+	unclassified, _ := testutil.Cgroup(t, "unclassified")
 	for _, c := range []struct {
 		name   string
 		target func(victim int, low *ctr) string
@@ -201,25 +201,25 @@ func TestWrongKillVictimMovesCgroup(t *testing.T) {
 		go high.tryOpen(0)
 		p.wait(t, "the kill of the victim")
 		dir := c.target(victim, low)
-		joinCgroup(t, dir, victim)
+		testutil.JoinCgroup(t, dir, victim)
 		p.go_()
 
-		eventually(t, "the kill is recorded", func() bool { _, ok := killRecordOf(e, victim); return ok })
+		testutil.Eventually(t, 10*time.Second, "the kill is recorded", func() bool { _, ok := killRecordOf(e, victim); return ok })
 		r, _ := killRecordOf(e, victim)
 		if c.killed {
-			if alive(victim) || r.Result != "done" {
-				t.Fatalf("moved %s: alive %v, record %+v; want it killed", c.name, alive(victim), r)
+			if testutil.Alive(victim) || r.Result != "done" {
+				t.Fatalf("moved %s: alive %v, record %+v; want it killed", c.name, testutil.Alive(victim), r)
 			}
 		} else {
 			time.Sleep(200 * time.Millisecond)
-			if !alive(victim) || r.Result != "gone" || r.Signal != "" {
-				t.Fatalf("moved %s: alive %v, record %+v; want it spared, no signal", c.name, alive(victim), r)
+			if !testutil.Alive(victim) || r.Result != "gone" || r.Signal != "" {
+				t.Fatalf("moved %s: alive %v, record %+v; want it spared, no signal", c.name, testutil.Alive(victim), r)
 			}
 		}
-		t.Logf("victim moved %s between decision and kill: killed %v (want %v)", c.name, !alive(victim), c.killed)
+		t.Logf("victim moved %s between decision and kill: killed %v (want %v)", c.name, !testutil.Alive(victim), c.killed)
 		exec.Command("docker", "rm", "-f", low.id).Run()
 	}
-	if !alive(highPID) {
+	if !testutil.Alive(highPID) {
 		t.Fatal("the high holder was harmed")
 	}
 }
@@ -258,7 +258,7 @@ func TestWrongKillContainerReplaced(t *testing.T) {
 					victim := c.hold(0)
 					high := e.container("high", "gpud.io/priority=high")
 					high.tryOpen(0)
-					eventually(t, "the victim is killed", func() bool { return !alive(victim) })
+					testutil.Eventually(t, 10*time.Second, "the victim is killed", func() bool { return !testutil.Alive(victim) })
 					how = "killed its holder, stop"
 				} else {
 					// A refusal: the old container's open of a high-held GPU.
@@ -269,7 +269,7 @@ func TestWrongKillContainerReplaced(t *testing.T) {
 						t.Fatalf("low open of a high-held GPU: %q", got)
 					}
 					defer func() {
-						if !alive(hp) {
+						if !testutil.Alive(hp) {
 							t.Error("the high holder was harmed")
 						}
 					}()
@@ -317,7 +317,7 @@ func runNamed(t *testing.T, e *env, name string) string {
 	}
 	id := strings.TrimSpace(string(out))
 	t.Cleanup(func() { exec.Command("docker", "rm", "-f", id).Run() })
-	eventually(t, "container "+name+" classified", func() bool {
+	testutil.Eventually(t, 10*time.Second, "container "+name+" classified", func() bool {
 		w, ok := e.d.Registry().Lookup(occupancy.ProcInfo{ContainerID: id})
 		return ok && w.CgroupID != 0
 	})

@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpud/gpud/internal/testutil"
 	"k8s.io/apimachinery/pkg/util/yaml"
 )
 
@@ -254,7 +255,7 @@ func deployChart(t *testing.T, dev string, set ...string) string {
 	})
 
 	var gp string
-	eventually(t, "the chart's gpud pod exists", 60*time.Second, func() bool {
+	testutil.Eventually(t, 60*time.Second, "the chart's gpud pod exists", func() bool {
 		out, err := kubectl(t, "-n", "gpud-system", "get", "pod", "-l", "app.kubernetes.io/instance=gpud",
 			"-o", "jsonpath={.items[*].metadata.name}")
 		if err != nil || out == "" {
@@ -276,20 +277,14 @@ func deployChart(t *testing.T, dev string, set ...string) string {
 	return gp
 }
 
-// httpGet fetches a URL of gpud on this node (hostNetwork).
+// httpGet fetches a URL of gpud on this node (hostNetwork); an error fails the test.
 func httpGet(t *testing.T, url string) (int, string) {
 	t.Helper()
-	c := http.Client{Timeout: 5 * time.Second}
-	resp, err := c.Get(url)
+	code, body, err := testutil.HTTPGet(url)
 	if err != nil {
 		t.Fatalf("GET %s: %v", url, err)
 	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("GET %s: %v", url, err)
-	}
-	return resp.StatusCode, string(b)
+	return code, body
 }
 
 // The chart on the real cluster: gpud's pod becomes Ready through /readyz,
@@ -321,7 +316,7 @@ func TestHelmChartLendsThroughTheDevicePlugin(t *testing.T) {
 	dev, _ := fakeGPU(t)
 	deployChart(t, dev, "devicePlugin.enabled=true", "devicePlugin.resourceName=gpud.io/helm-idle-gpu",
 		"hostPaths.podResources="+filepath.Join(env(t, "KUBELET_ROOT"), "pod-resources"), "gpud.idleAfter=2s")
-	eventually(t, "kubelet lists gpud.io/helm-idle-gpu", 30*time.Second, func() bool {
+	testutil.Eventually(t, 30*time.Second, "kubelet lists gpud.io/helm-idle-gpu", func() bool {
 		return allocatable(t, "gpud.io/helm-idle-gpu") != ""
 	})
 	if _, body := httpGet(t, "http://127.0.0.1:9407/metrics"); !strings.Contains(body, "\ngpud_device_plugin_registered 1\n") {

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpud/gpud/internal/testutil"
 	"golang.org/x/sys/unix"
 )
 
@@ -50,17 +51,6 @@ func apply(t *testing.T, manifest string) {
 	cmd.Stdin = strings.NewReader(manifest)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("kubectl apply: %v\n%s\n%s", err, out, manifest)
-	}
-}
-
-func eventually(t *testing.T, what string, d time.Duration, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("never: %s", what)
-		}
-		time.Sleep(100 * time.Millisecond)
 	}
 }
 
@@ -106,7 +96,7 @@ func hold(t *testing.T, holders func() []holder, pod string) int {
 			t.Logf("%s: a new open now: %q; holders: %+v; events:\n%s", pod, out, holders(), ev)
 		}
 	}()
-	eventually(t, pod+" holds the GPU", 20*time.Second, func() bool {
+	testutil.Eventually(t, 20*time.Second, pod+" holds the GPU", func() bool {
 		for _, h := range holders() {
 			if h.PodUID == podUID(t, pod) {
 				pid = h.PID
@@ -163,18 +153,6 @@ func podUID(t *testing.T, pod string) string {
 	return out
 }
 
-func alive(pid int) bool { return unix.Kill(pid, 0) == nil && !zombie(pid) }
-
-func zombie(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return true
-	}
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-	return len(f) == 0 || f[0] == "Z"
-}
-
 func TestDaemonSetPreemptsOnARealCluster(t *testing.T) {
 	dev, gpu := fakeGPU(t)
 	gp := deployGpud(t, dev)
@@ -211,7 +189,7 @@ patches:
 		// from one test would keep its gate attached (the same fake device
 		// numbers) and judge the next test's pods too.
 		kubectl(t, "delete", "-k", ovl, "--cascade=foreground", "--wait=true", "--timeout=60s")
-		eventually(t, "gpud's pod is gone", 60*time.Second, func() bool {
+		testutil.Eventually(t, 60*time.Second, "gpud's pod is gone", func() bool {
 			out, err := kubectl(t, "-n", "gpud-system", "get", "pod", "-l", "app.kubernetes.io/name=gpud", "-o", "name")
 			return err != nil || strings.TrimSpace(out) == ""
 		})
@@ -219,7 +197,7 @@ patches:
 	})
 
 	var gp string
-	eventually(t, "the gpud DaemonSet pod runs", 60*time.Second, func() bool {
+	testutil.Eventually(t, 60*time.Second, "the gpud DaemonSet pod runs", func() bool {
 		out, _ := kubectl(t, "-n", "gpud-system", "get", "pod", "-l", "app.kubernetes.io/name=gpud",
 			"-o", "jsonpath={.items[0].metadata.name} {.items[0].status.phase}")
 		f := strings.Fields(out)
@@ -239,7 +217,7 @@ patches:
 			t.Logf("gpud's log:\n%s", strings.Join(lines, "\n"))
 		}
 	})
-	eventually(t, "gpud started in its pod", 30*time.Second, func() bool {
+	testutil.Eventually(t, 30*time.Second, "gpud started in its pod", func() bool {
 		out, _ := kubectl(t, "-n", "gpud-system", "logs", gp)
 		return strings.Contains(out, "gpud started")
 	})
@@ -281,7 +259,7 @@ func startHostGpud(t *testing.T, dev string, flags ...string) string {
 		}
 	})
 	statePath := filepath.Join(state, "state.json")
-	eventually(t, "gpud running", 10*time.Second, func() bool { _, err := os.Stat(statePath); return err == nil })
+	testutil.Eventually(t, 10*time.Second, "gpud running", func() bool { _, err := os.Stat(statePath); return err == nil })
 	return statePath
 }
 
@@ -314,7 +292,7 @@ func preemptionFlow(t *testing.T, gpu string, holders func() []holder) {
 	plainPID := hold(t, holders, "plain")
 	lowPID := hold(t, holders, "low")
 	lowUID := podUID(t, "low")
-	eventually(t, "the low pod's holder is classified low", 10*time.Second, func() bool {
+	testutil.Eventually(t, 10*time.Second, "the low pod's holder is classified low", func() bool {
 		for _, h := range holders() {
 			if h.PID == lowPID {
 				return h.Priority == "low"
@@ -328,12 +306,12 @@ func preemptionFlow(t *testing.T, gpu string, holders func() []holder) {
 		t.Fatalf("high open: %q", out)
 	}
 	hold(t, holders, "high")
-	eventually(t, "the low pod's process is dead", 10*time.Second, func() bool { return !alive(lowPID) })
-	eventually(t, "the low pod is evicted and gone from the API", 30*time.Second, func() bool {
+	testutil.Eventually(t, 10*time.Second, "the low pod's process is dead", func() bool { return !testutil.Alive(lowPID) })
+	testutil.Eventually(t, 30*time.Second, "the low pod is evicted and gone from the API", func() bool {
 		_, err := kubectl(t, "get", "pod", "low")
 		return err != nil
 	})
-	eventually(t, "Events name both pods", 10*time.Second, func() bool {
+	testutil.Eventually(t, 10*time.Second, "Events name both pods", func() bool {
 		lowEv, _ := kubectl(t, "get", "events", "--field-selector", "involvedObject.uid="+lowUID, "-o", "jsonpath={range .items[*]}{.reason}: {.message}{\"\\n\"}{end}")
 		highEv, _ := kubectl(t, "get", "events", "--field-selector", "involvedObject.name=high", "-o", "jsonpath={range .items[*]}{.reason}: {.message}{\"\\n\"}{end}")
 		return strings.Contains(lowEv, "GPUPreempted: ") && strings.Contains(lowEv, "pod default/high") &&
@@ -348,7 +326,7 @@ func preemptionFlow(t *testing.T, gpu string, holders func() []holder) {
 	}
 
 	// The pod without the label is never touched.
-	if !alive(plainPID) {
+	if !testutil.Alive(plainPID) {
 		t.Fatal("the unlabeled pod's process was killed")
 	}
 	if phase := mustKubectl(t, "get", "pod", "plain", "-o", "jsonpath={.status.phase}"); phase != "Running" {
@@ -365,7 +343,7 @@ func TestCRIFallbackWithoutAPIServer(t *testing.T) {
 	gpuPod(t, "crilow", "low", gpu)
 	gpuPod(t, "crihigh", "high", gpu)
 	lowPID := hold(t, fileHolders(state), "crilow")
-	eventually(t, "the low pod's holder is classified low", 10*time.Second, func() bool {
+	testutil.Eventually(t, 10*time.Second, "the low pod's holder is classified low", func() bool {
 		for _, h := range fileHolders(state)() {
 			if h.PID == lowPID {
 				return h.Priority == "low"
@@ -380,7 +358,7 @@ func TestCRIFallbackWithoutAPIServer(t *testing.T) {
 	if got := mustKubectl(t, "exec", "crihigh", "--", "sh", "-c", "exec 3<>/dev/nvidia0 && echo opened"); got != "opened" {
 		t.Fatalf("high open: %q", got)
 	}
-	eventually(t, "the low pod's process is dead", 10*time.Second, func() bool { return !alive(lowPID) })
+	testutil.Eventually(t, 10*time.Second, "the low pod's process is dead", func() bool { return !testutil.Alive(lowPID) })
 }
 
 // The ServiceAccount of deploy/ can do what the flow needs, and nothing

@@ -15,6 +15,7 @@ import (
 	"log/slog"
 
 	"github.com/gpud/gpud/internal/deviceplugin"
+	"github.com/gpud/gpud/internal/testutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -61,7 +62,7 @@ func TestPodAdmittedBeforeRegistrationIsReported(t *testing.T) {
 	resourcePod(t, "early", "gpud.io/idle-gpu")
 	mustKubectl(t, "wait", "--for=condition=Ready", "pod/early", "--timeout=60s")
 	deployLending(t, dev)
-	eventually(t, "an Event reports the pod running without its GPU", 30*time.Second, func() bool {
+	testutil.Eventually(t, 30*time.Second, "an Event reports the pod running without its GPU", func() bool {
 		out, _ := kubectl(t, "get", "events", "--field-selector", "involvedObject.name=early,reason=GPUNotAllocated", "-o", "name")
 		return out != ""
 	})
@@ -80,7 +81,7 @@ func TestLendIdleGPUOnARealKubelet(t *testing.T) {
 	root, _ := filepath.Abs("../..")
 	gp := deployLending(t, dev)
 	podRes := filepath.Join(env(t, "KUBELET_ROOT"), "pod-resources")
-	eventually(t, "gpud registered gpud.io/idle-gpu and kubelet lists it", 30*time.Second, func() bool {
+	testutil.Eventually(t, 30*time.Second, "gpud registered gpud.io/idle-gpu and kubelet lists it", func() bool {
 		return allocatable(t, "gpud.io/idle-gpu") != "" && allocatable(t, "nvidia.com/gpu") == "1"
 	})
 
@@ -88,7 +89,7 @@ func TestLendIdleGPUOnARealKubelet(t *testing.T) {
 	resourcePod(t, "owner", "nvidia.com/gpu")
 	mustKubectl(t, "wait", "--for=condition=Ready", "pod/owner", "--timeout=60s")
 	ownerPID := hold(t, podHolders(t, gp), "owner")
-	eventually(t, "the idle GPU is listed Healthy", 15*time.Second, func() bool { return allocatable(t, "gpud.io/idle-gpu") == "1" })
+	testutil.Eventually(t, 15*time.Second, "the idle GPU is listed Healthy", func() bool { return allocatable(t, "gpud.io/idle-gpu") == "1" })
 
 	// A borrower gets it, with the device and the env inside.
 	resourcePod(t, "borrower", "gpud.io/idle-gpu")
@@ -102,7 +103,7 @@ func TestLendIdleGPUOnARealKubelet(t *testing.T) {
 		t.Fatalf("PodResources: %+v %v", alloc, err)
 	}
 	borrowerPID := hold(t, podHolders(t, gp), "borrower")
-	eventually(t, "the state file shows the loan", 10*time.Second, func() bool {
+	testutil.Eventually(t, 10*time.Second, "the state file shows the loan", func() bool {
 		out, _ := kubectl(t, "-n", "gpud-system", "exec", gp, "--", "/gpud", "status", "-o", "json")
 		return strings.Contains(out, `"state": "lent"`) && strings.Contains(out, `"owner": "default/owner"`) &&
 			strings.Contains(out, `"borrower": "default/borrower"`)
@@ -129,11 +130,11 @@ func TestLendIdleGPUOnARealKubelet(t *testing.T) {
 	if out := mustKubectl(t, "exec", "owner", "--", "sh", "-c", "exec 4<>/dev/nvidia0 && echo back"); out != "back" {
 		t.Fatalf("owner's open: %q", out)
 	}
-	eventually(t, "the borrower's process is dead", 10*time.Second, func() bool { return !alive(borrowerPID) })
+	testutil.Eventually(t, 10*time.Second, "the borrower's process is dead", func() bool { return !testutil.Alive(borrowerPID) })
 	t.Logf("owner's open → borrower dead within %v (kubectl exec included)", time.Since(start))
 	// gpud's own figure: decision (the owner's open, at the gate) → borrower
 	// confirmed dead, from its preemption record.
-	eventually(t, "a kill record for the borrower", 10*time.Second, func() bool {
+	testutil.Eventually(t, 10*time.Second, "a kill record for the borrower", func() bool {
 		ms, ok := killRecords(t, gp)[borrowerPID]
 		if ok {
 			t.Logf("gpud's record: owner's open → borrower dead in %.2f ms", ms)
@@ -143,7 +144,7 @@ func TestLendIdleGPUOnARealKubelet(t *testing.T) {
 		}
 		return ok
 	})
-	eventually(t, "the borrower pod is gone", 30*time.Second, func() bool { _, err := kubectl(t, "get", "pod", "borrower"); return err != nil })
+	testutil.Eventually(t, 30*time.Second, "the borrower pod is gone", func() bool { _, err := kubectl(t, "get", "pod", "borrower"); return err != nil })
 	waitHealth(t, health, pluginapi.Unhealthy, 5*time.Second)
 
 	// Idle again, a second borrower; kubelet restarts: gpud re-registers
@@ -158,13 +159,13 @@ func TestLendIdleGPUOnARealKubelet(t *testing.T) {
 		t.Fatalf("restart-kubelet: %v %s", err, out)
 	}
 	restarted := time.Now()
-	eventually(t, "gpud re-registered", 10*time.Second, func() bool { return registrations(t, gp) > before })
+	testutil.Eventually(t, 10*time.Second, "gpud re-registered", func() bool { return registrations(t, gp) > before })
 	if took := time.Since(restarted); took > 2*time.Second+time.Second { // the log poll itself costs up to ~1 s
 		t.Errorf("re-registration took %v after kubelet was back", took)
 	} else {
 		t.Logf("re-registered %v after kubelet was back (log polling included)", took)
 	}
-	if !alive(b2) {
+	if !testutil.Alive(b2) {
 		t.Fatal("the running borrower lost its process across the kubelet restart")
 	}
 	if out := mustKubectl(t, "exec", "borrower2", "--", "ls", "/dev/nvidia0"); out != "/dev/nvidia0" {
@@ -178,22 +179,22 @@ func TestLendIdleGPUOnARealKubelet(t *testing.T) {
 	if out, err := exec.Command(filepath.Join(root, "scripts/cluster.sh"), "restart-containerd", env(t, "GPUD_CLUSTER_DIR")).CombinedOutput(); err != nil {
 		t.Fatalf("restart-containerd: %v %s", err, out)
 	}
-	if !alive(b2) {
+	if !testutil.Alive(b2) {
 		t.Fatal("the running borrower lost its process across the containerd restart")
 	}
-	eventually(t, "the loan to borrower2 is still shown", 10*time.Second, func() bool {
+	testutil.Eventually(t, 10*time.Second, "the loan to borrower2 is still shown", func() bool {
 		out, _ := kubectl(t, "-n", "gpud-system", "exec", gp, "--", "/gpud", "status", "-o", "json")
 		return strings.Contains(out, `"state": "lent"`) && strings.Contains(out, `"borrower": "default/borrower2"`)
 	})
 	// kubelet reconnects to containerd by itself; exec works again then.
-	eventually(t, "the owner opens its GPU again", 30*time.Second, func() bool {
+	testutil.Eventually(t, 30*time.Second, "the owner opens its GPU again", func() bool {
 		out, err := kubectl(t, "exec", "owner", "--", "sh", "-c", "exec 5<>/dev/nvidia0 && echo back")
 		return err == nil && out == "back"
 	})
-	eventually(t, "borrower2's process is dead", 10*time.Second, func() bool { return !alive(b2) })
-	eventually(t, "a kill record for borrower2", 10*time.Second, func() bool { _, ok := killRecords(t, gp)[b2]; return ok })
-	eventually(t, "borrower2 is evicted and gone", 30*time.Second, func() bool { _, err := kubectl(t, "get", "pod", "borrower2"); return err != nil })
-	if !alive(ownerPID) {
+	testutil.Eventually(t, 10*time.Second, "borrower2's process is dead", func() bool { return !testutil.Alive(b2) })
+	testutil.Eventually(t, 10*time.Second, "a kill record for borrower2", func() bool { _, ok := killRecords(t, gp)[b2]; return ok })
+	testutil.Eventually(t, 30*time.Second, "borrower2 is evicted and gone", func() bool { _, err := kubectl(t, "get", "pod", "borrower2"); return err != nil })
+	if !testutil.Alive(ownerPID) {
 		t.Fatal("the owner was harmed")
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpud/gpud/internal/testutil"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
 
@@ -66,7 +67,7 @@ func TestLendTakeBackLatency(t *testing.T) {
 		fmt.Sprintf("{op: add, path: /spec/template/spec/containers/0/args/-, value: --host-dev-dir=%s}", dev),
 		"{op: add, path: /spec/template/spec/containers/0/args/-, value: --idle-after=1s}",
 		"{op: add, path: /spec/template/spec/containers/0/args/-, value: --reclaim=none}")
-	eventually(t, "kubelet lists the owner's resource", 30*time.Second, func() bool { return allocatable(t, "nvidia.com/gpu") == "1" })
+	testutil.Eventually(t, 30*time.Second, "kubelet lists the owner's resource", func() bool { return allocatable(t, "nvidia.com/gpu") == "1" })
 	health := watchHealth(t, filepath.Join(env(t, "DEVICE_PLUGINS_DIR"), "gpud.sock"))
 
 	resourcePod(t, "lowner", "nvidia.com/gpu")
@@ -86,12 +87,12 @@ func TestLendTakeBackLatency(t *testing.T) {
 			t.Fatalf("trial %d: owner's open: %q", i, out)
 		}
 		var ms float64
-		eventually(t, "a kill record for the borrower", 10*time.Second, func() bool {
+		testutil.Eventually(t, 10*time.Second, "a kill record for the borrower", func() bool {
 			v, ok := killRecords(t, gp)[victim]
 			ms = v
 			return ok
 		})
-		if alive(victim) {
+		if testutil.Alive(victim) {
 			t.Fatalf("trial %d: the borrower's holder is alive after its kill record", i)
 		}
 		lat = append(lat, ms)

@@ -81,7 +81,7 @@ func TestOwnerActiveOnNVMLTakesLentGPUBack(t *testing.T) {
 	})
 	statePath := filepath.Join(state, "state.json")
 	holders := fileHolders(statePath)
-	eventually(t, "gpud registered and kubelet lists both resources", 30*time.Second, func() bool {
+	testutil.Eventually(t, 30*time.Second, "gpud registered and kubelet lists both resources", func() bool {
 		return d.Plugin().IsRegistered() && allocatable(t, "nvidia.com/gpu") == "1"
 	})
 	health := watchHealth(t, filepath.Join(env(t, "DEVICE_PLUGINS_DIR"), "gpud.sock"))
@@ -98,11 +98,11 @@ func TestOwnerActiveOnNVMLTakesLentGPUBack(t *testing.T) {
 
 	// The owner computes on its GPU: no new open, only NVML's samples.
 	ownerActive.Store(int64(ownerPID))
-	eventually(t, "the borrower's process is dead", 10*time.Second, func() bool { return !alive(borrowerPID) })
-	if !alive(ownerPID) {
+	testutil.Eventually(t, 10*time.Second, "the borrower's process is dead", func() bool { return !testutil.Alive(borrowerPID) })
+	if !testutil.Alive(ownerPID) {
 		t.Fatal("the owner was harmed")
 	}
-	eventually(t, "a kill record naming the owner's pod and the borrower", 10*time.Second, func() bool {
+	testutil.Eventually(t, 10*time.Second, "a kill record naming the owner's pod and the borrower", func() bool {
 		for _, r := range d.Journal().Recent() {
 			if r.Action == preempt.ActionKill && r.Victim.PID == borrowerPID && r.Victim.PodUID == borrowerUID &&
 				r.Preemptor.PodUID == podUID(t, "nvowner") && r.Result == "done" {
@@ -113,7 +113,7 @@ func TestOwnerActiveOnNVMLTakesLentGPUBack(t *testing.T) {
 		}
 		return false
 	})
-	eventually(t, "the borrower pod is evicted and gone", 30*time.Second, func() bool {
+	testutil.Eventually(t, 30*time.Second, "the borrower pod is evicted and gone", func() bool {
 		_, err := kubectl(t, "get", "pod", "nvborrower")
 		return err != nil
 	})

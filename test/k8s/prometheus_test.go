@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpud/gpud/internal/testutil"
 	"golang.org/x/sys/unix"
 	"k8s.io/apimachinery/pkg/util/yaml"
 )
@@ -236,7 +237,7 @@ func startPrometheus(t *testing.T) *prometheus {
 		}
 	})
 	p := &prometheus{url: "http://" + addr}
-	eventually(t, "prometheus is ready", 30*time.Second, func() bool {
+	testutil.Eventually(t, 30*time.Second, "prometheus is ready", func() bool {
 		resp, err := http.Get(p.url + "/-/ready")
 		if err != nil {
 			return false
@@ -312,11 +313,11 @@ func TestPrometheusSeesAPreemption(t *testing.T) {
 	gp := deployChart(t, dev)
 	prom := startPrometheus(t)
 	node := env(t, "NODE_NAME")
-	eventually(t, "prometheus scrapes gpud's pod", 60*time.Second, func() bool {
+	testutil.Eventually(t, 60*time.Second, "prometheus scrapes gpud's pod", func() bool {
 		s := prom.query(t, `up{job="gpud"} == 1`)
 		return len(s) == 1 && s[0].Metric["node"] == node
 	})
-	eventually(t, "gpud_build_info and gpud_gpu_info in prometheus", 10*time.Second, func() bool {
+	testutil.Eventually(t, 10*time.Second, "gpud_build_info and gpud_gpu_info in prometheus", func() bool {
 		return prom.value(t, `count(gpud_build_info)`) == 1 && prom.value(t, `count(gpud_gpu_info{gpu="0"})`) == 1
 	})
 	kills := prom.value(t, `sum(gpud_preemptions_total{action="kill"})`)
@@ -332,7 +333,7 @@ func TestPrometheusSeesAPreemption(t *testing.T) {
 	gpuPod(t, "promlow", "low", gpu)
 	gpuPod(t, "promhigh", "high", gpu)
 	lowPID := hold(t, holders, "promlow")
-	eventually(t, "prometheus shows the low pod holding GPU 0", 15*time.Second, func() bool {
+	testutil.Eventually(t, 15*time.Second, "prometheus shows the low pod holding GPU 0", func() bool {
 		return prom.value(t, `gpud_workload_gpu_holders{gpu="0",namespace="default",pod="promlow",container="c",priority="low"}`) == 1 &&
 			prom.value(t, `gpud_gpu_holders{gpu="0",priority="low"}`) == 1
 	})
@@ -342,8 +343,8 @@ func TestPrometheusSeesAPreemption(t *testing.T) {
 		t.Fatalf("high open: %q", out)
 	}
 	hold(t, holders, "promhigh")
-	eventually(t, "the low pod's process is dead", 10*time.Second, func() bool { return !alive(lowPID) })
-	eventually(t, "prometheus shows the kill and the high holder", 15*time.Second, func() bool {
+	testutil.Eventually(t, 10*time.Second, "the low pod's process is dead", func() bool { return !testutil.Alive(lowPID) })
+	testutil.Eventually(t, 15*time.Second, "prometheus shows the kill and the high holder", func() bool {
 		return prom.value(t, `sum(gpud_preemptions_total{action="kill"})`) > kills &&
 			prom.value(t, `gpud_preemption_latency_seconds_count`) >= 1 &&
 			prom.value(t, `gpud_workload_gpu_holders{gpu="0",namespace="default",pod="promhigh",priority="high"}`) >= 1 &&
@@ -394,7 +395,7 @@ func checkDashboard(t *testing.T, prom *prometheus, node string) {
 			t.Logf("dashboard panels without data: %v", missing)
 		}
 	}()
-	eventually(t, "the dashboard's panels have data", 10*time.Second, func() bool {
+	testutil.Eventually(t, 10*time.Second, "the dashboard's panels have data", func() bool {
 		missing = nil
 		seen := 0
 		var walk func([]json.RawMessage)

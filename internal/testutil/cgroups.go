@@ -1,0 +1,75 @@
+package testutil
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gpud/gpud/internal/cgroups"
+)
+
+var cgroupSeq atomic.Int64
+
+// Cgroup makes a new cgroup v2 directory under the root for the test (its
+// name carries name, the test process's pid and a sequence number) and
+// returns it with its id; it is removed at the end of the test once its
+// members have gone.
+func Cgroup(tb testing.TB, name string) (dir string, id uint64) {
+	tb.Helper()
+	root, _, err := cgroups.V2Root()
+	if err != nil {
+		Skip(tb, "no cgroup v2 hierarchy: "+err.Error())
+	}
+	dir = filepath.Join(root, fmt.Sprintf("gpud-test-%s-%d-%d", name, os.Getpid(), cgroupSeq.Add(1)))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { removeCgroup(dir) })
+	if id, err = cgroups.ID(dir); err != nil {
+		tb.Fatal(err)
+	}
+	return dir, id
+}
+
+// ContainerCgroup makes a cgroup named as Docker names a container's
+// (docker-<id>.scope, under a Cgroup), so that gpud takes its processes for
+// a container's; it returns the directory, the container id and the
+// cgroup id.
+func ContainerCgroup(tb testing.TB) (dir, containerID string, id uint64) {
+	tb.Helper()
+	parent, _ := Cgroup(tb, "ctr")
+	b := make([]byte, 32)
+	rand.Read(b)
+	containerID = hex.EncodeToString(b)
+	dir = filepath.Join(parent, "docker-"+containerID+".scope")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { removeCgroup(dir) })
+	id, err := cgroups.ID(dir)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return dir, containerID, id
+}
+
+// JoinCgroup moves process pid into the cgroup at dir.
+func JoinCgroup(tb testing.TB, dir string, pid int) {
+	tb.Helper()
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0o644); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// removeCgroup removes a cgroup once its members have exited (2 s at most).
+func removeCgroup(dir string) {
+	for i := 0; i < 100 && os.Remove(dir) != nil; i++ {
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -1,0 +1,57 @@
+package testutil
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Poll calls ok every interval (10 ms) until it is true or timeout has
+// passed, and reports whether it became true. Callers that have more to
+// say on failure than "never" use it; others use Eventually.
+func Poll(timeout time.Duration, ok func() bool) bool {
+	deadline := time.Now().Add(timeout)
+	for !ok() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return true
+}
+
+// Eventually fails the test unless ok becomes true within timeout.
+func Eventually(tb testing.TB, timeout time.Duration, what string, ok func() bool) {
+	tb.Helper()
+	if !Poll(timeout, ok) {
+		tb.Fatalf("never within %s: %s", timeout, what)
+	}
+}
+
+// Alive reports whether process pid runs: it exists and is not a zombie
+// (dead for every purpose here; its parent reaps it later).
+func Alive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	return len(f) > 0 && f[0] != "Z"
+}
+
+// HTTPGet fetches url (5 s timeout) and returns its status and body.
+func HTTPGet(url string) (int, string, error) {
+	c := http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), err
+}
