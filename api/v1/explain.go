@@ -3,20 +3,23 @@ package v1
 // Explanation is which rule applies to one process now: the answer of the
 // control socket's GET /v1/explain?pid=N, shown by `gpud explain`.
 type Explanation struct {
-	PID         int          `json:"pid"`
-	Comm        string       `json:"comm"`
-	Cgroup      string       `json:"cgroup"` // cgroup v2 path
-	CgroupID    uint64       `json:"cgroup_id"`
-	ContainerID string       `json:"container_id,omitempty"`
-	PodUID      string       `json:"pod_uid,omitempty"`
-	Workload    *Workload    `json:"workload,omitempty"` // nil: gpud knows no workload for it
-	Priority    Priority     `json:"priority"`
-	Reason      string       `json:"reason"` // label | override | default | host
-	Why         string       `json:"why"`    // the reason in words
-	Monitoring  bool         `json:"monitoring"`
-	Enforcing   bool         `json:"enforcing"`
-	Holds       []int        `json:"holds"` // GPUs it holds, by index
-	GPUs        []ExplainGPU `json:"gpus"`
+	PID         int       `json:"pid"`
+	Comm        string    `json:"comm"`
+	Cgroup      string    `json:"cgroup"` // cgroup v2 path
+	CgroupID    uint64    `json:"cgroup_id"`
+	ContainerID string    `json:"container_id,omitempty"`
+	PodUID      string    `json:"pod_uid,omitempty"`
+	Workload    *Workload `json:"workload,omitempty"` // nil: gpud knows no workload for it
+	Priority    Priority  `json:"priority"`
+	Reason      string    `json:"reason"` // label | override | default | host
+	Why         string    `json:"why"`    // the reason in words
+	Monitoring  bool      `json:"monitoring"`
+	Enforcing   bool      `json:"enforcing"`
+	Holds       []int     `json:"holds"` // GPUs it holds, by index
+	// BeforeClassified says, for a process that opened a GPU before gpud
+	// knew its workload, that it did and what was done about it.
+	BeforeClassified string       `json:"before_classified,omitempty"`
+	GPUs             []ExplainGPU `json:"gpus"`
 }
 
 // Workload is the container or pod a process belongs to, as gpud knows it.

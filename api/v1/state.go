@@ -65,6 +65,10 @@ type StateHolder struct {
 	Priority    Priority  `json:"priority"`
 	OpenedAt    time.Time `json:"opened_at"`
 	FDs         int       `json:"fds"`
+	// OpenedBeforeClassified: it opened the GPU before gpud knew its
+	// workload, so the gate could not judge that open by class; the rules
+	// judged it when its class became known (see preemptions[]).
+	OpenedBeforeClassified bool `json:"opened_before_classified,omitempty"`
 }
 
 // RawPreemption is a Preemption as the state file carries it: kept as the

@@ -71,7 +71,17 @@ func TestRejudgeWhenClassChanges(t *testing.T) {
 	// yet (it got past the gate unclassified).
 	hi, reg := highHolder(t, e, "rejudge-high")
 	late, lateID, lateCG := containerHolder(t, e, 0)
-	testutil.WaitStateFile(t, e.cfg.StateFile, 3*time.Second, func(f *v1.StateFile) bool { return testutil.HolderPriority(f, 0, late.pid()) == occupancy.Unmanaged })
+	testutil.WaitStateFile(t, e.cfg.StateFile, 3*time.Second, func(f *v1.StateFile) bool {
+		for _, h := range f.GPUs[0].Holders {
+			if h.PID == late.pid() {
+				return h.Priority == occupancy.Unmanaged && h.OpenedBeforeClassified
+			}
+		}
+		return false
+	})
+	if ex, err := e.d.Explain(late.pid()); err != nil || !strings.Contains(ex.BeforeClassified, "before gpud knew its workload") {
+		t.Fatalf("explain of the holder that got in unclassified: %+v, %v", ex, err)
+	}
 	time.Sleep(200 * time.Millisecond)
 	if !testutil.Alive(late.pid()) {
 		t.Fatal("an unmanaged holder beside a high one was killed")
@@ -86,6 +96,10 @@ func TestRejudgeWhenClassChanges(t *testing.T) {
 	}
 	if !testutil.Alive(hi.pid()) {
 		t.Fatal("the high holder died")
+	}
+	f := testutil.WaitStateFile(t, e.cfg.StateFile, 3*time.Second, func(f *v1.StateFile) bool { return len(f.Preemptions) > 0 })
+	if !strings.Contains(string(f.Preemptions[len(f.Preemptions)-1]), "class known after the open") {
+		t.Errorf("the state file's last preemption does not say why: %s", f.Preemptions[len(f.Preemptions)-1])
 	}
 
 	// GPU 1: a low holder first; then another holder of GPU 1 turns out to

@@ -84,6 +84,11 @@ func (c *Controller) Explain(pid int) (*v1.Explanation, error) {
 		if eg.Holds {
 			e.Holds = append(e.Holds, g.Index)
 		}
+		for _, h := range g.Holders {
+			if h.PID == pid && h.OpenedUnknown && e.BeforeClassified == "" {
+				e.BeforeClassified = c.lateWords(pid, g.Index)
+			}
+		}
 		if c.lent(g.Index) {
 			eg.Lent = true
 			eg.State = occupancy.Lent
@@ -195,4 +200,23 @@ func joinPIDs(pids []int) string {
 		s[i] = strconv.Itoa(p)
 	}
 	return strings.Join(s, ", ")
+}
+
+
+// lateWords says that pid opened gpu before gpud knew its workload, and
+// what was done about it (its preemption records).
+func (c *Controller) lateWords(pid, gpu int) string {
+	var done []string
+	if c.Exec != nil && c.Exec.Journal != nil {
+		for _, r := range c.Exec.Journal.Recent() {
+			if r.Victim.PID == pid {
+				done = append(done, fmt.Sprintf("%s on GPU %d: %s (%s)", r.Action, r.GPU, r.Result, r.Rule))
+			}
+		}
+	}
+	s := fmt.Sprintf("it opened GPU %d before gpud knew its workload, so the gate could not judge that open by class; the rules judged it once its class was known", gpu)
+	if len(done) == 0 {
+		return s + ": nothing was done (its class allows it here)"
+	}
+	return s + ": " + strings.Join(done, "; ")
 }

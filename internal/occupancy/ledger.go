@@ -50,6 +50,9 @@ type ProcInfo struct {
 	ContainerID string
 	PodUID      string
 	Priority    Priority
+	// Unknown: classified by default because gpud did not know its
+	// container or pod yet (set by the classifier).
+	Unknown bool
 }
 
 // ProcFDs is one process's GPU fds, as read from /proc or known from events.
@@ -66,6 +69,9 @@ type hold struct {
 type proc struct {
 	info  ProcInfo
 	holds map[int]*hold // GPU index → its fds in this process
+	// openedUnknown: its first recorded open came before gpud knew its
+	// workload (the gate could not judge it by class).
+	openedUnknown bool
 }
 
 type gpuEntry struct {
@@ -174,7 +180,7 @@ func (l *Ledger) procFor(info ProcInfo) *proc {
 		p = nil // PID reused: the old process is gone
 	}
 	if p == nil {
-		p = &proc{info: info, holds: map[int]*hold{}}
+		p = &proc{info: info, holds: map[int]*hold{}, openedUnknown: info.Unknown}
 		l.procs[info.PID] = p
 	}
 	return p
@@ -266,7 +272,11 @@ func (l *Ledger) setProcessLocked(pf ProcFDs, at time.Time) bool {
 	if old != nil && info.Comm == "" {
 		info.Comm = old.info.Comm
 	}
-	l.procs[pf.Info.PID] = &proc{info: info, holds: holds}
+	opened := info.Unknown
+	if old != nil {
+		opened = old.openedUnknown
+	}
+	l.procs[pf.Info.PID] = &proc{info: info, holds: holds, openedUnknown: opened}
 	return true
 }
 
@@ -376,6 +386,8 @@ type HolderView struct {
 	ProcInfo
 	FDs      []int32
 	OpenedAt time.Time
+	// OpenedUnknown: it opened the GPU before gpud knew its workload.
+	OpenedUnknown bool
 }
 
 // GPUView is one GPU in a snapshot.
@@ -408,7 +420,7 @@ func (l *Ledger) Snapshot(now time.Time) Snapshot {
 				continue
 			}
 			v.Holders = append(v.Holders, HolderView{
-				ProcInfo: p.info, FDs: slices.Sorted(maps.Keys(h.fds)), OpenedAt: h.openedAt,
+				ProcInfo: p.info, FDs: slices.Sorted(maps.Keys(h.fds)), OpenedAt: h.openedAt, OpenedUnknown: p.openedUnknown,
 			})
 		}
 		s.GPUs = append(s.GPUs, v)

@@ -34,6 +34,7 @@ func Render(s Snapshot, node string, monitoring bool) v1.StateFile {
 			sg.Holders = append(sg.Holders, v1.StateHolder{
 				PID: h.PID, Comm: h.Comm, CgroupID: h.CgroupID, ContainerID: h.ContainerID,
 				PodUID: h.PodUID, Priority: pr, OpenedAt: h.OpenedAt.UTC(), FDs: len(h.FDs),
+				OpenedBeforeClassified: h.OpenedUnknown,
 			})
 		}
 		f.GPUs = append(f.GPUs, sg)

@@ -155,7 +155,7 @@ func TestStateFileFieldNames(t *testing.T) {
 		slices.Sort(k)
 		return k
 	}
-	if got, want := keys(doc), []string{"gpus", "monitoring", "node", "preemptions", "updated_at", "version"}; !slices.Equal(got, want) {
+	if got, want := keys(doc), []string{"enforcing", "gpus", "monitoring", "node", "preemptions", "updated_at", "version"}; !slices.Equal(got, want) {
 		t.Errorf("top-level keys = %v, want %v", got, want)
 	}
 	var gpus []map[string]json.RawMessage

@@ -42,6 +42,9 @@ func RenderExplain(w io.Writer, e *v1.Explanation) error {
 	} else {
 		fmt.Fprintf(&b, "holds GPU %s\n", joinInts(e.Holds))
 	}
+	if e.BeforeClassified != "" {
+		fmt.Fprintf(&b, "before classification: %s\n", printable(e.BeforeClassified))
+	}
 	switch {
 	case !e.Monitoring:
 		b.WriteString("monitoring is off: the gate allows every open and nothing is recorded\n")

@@ -345,6 +345,7 @@ func (r *Registry) Explain(info occupancy.ProcInfo) (w Workload, ok bool, class 
 // in an unknown container gets the default; host processes (no container)
 // are unmanaged.
 func (r *Registry) ClassifyProc(info *occupancy.ProcInfo) {
+	info.Unknown = false
 	if w, ok := r.Lookup(*info); ok {
 		info.Priority = w.Priority
 		return
@@ -362,6 +363,7 @@ func (r *Registry) ClassifyProc(info *occupancy.ProcInfo) {
 	}
 	if info.ContainerID != "" || info.PodUID != "" {
 		info.Priority = r.def()
+		info.Unknown = true
 		return
 	}
 	info.Priority = occupancy.Unmanaged
