@@ -219,6 +219,15 @@ func (r *Registry) SetDefault(p occupancy.Priority) {
 	}
 }
 
+// Holds reports whether w is stored as it is (its own class, before any
+// lending override): a source skips putting what has not changed.
+func (r *Registry) Holds(w Workload) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	old, ok := r.byContainer[w.key()]
+	return ok && w.key() != "" && old == w
+}
+
 // Put adds or updates a workload.
 func (r *Registry) Put(w Workload) {
 	r.mu.Lock()

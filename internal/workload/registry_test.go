@@ -133,3 +133,29 @@ func TestOverrideOfAPodNotYetKnown(t *testing.T) {
 		t.Fatalf("after the override is removed: %q, want the default", info.Priority)
 	}
 }
+
+// A source skips a put only when the stored workload is the same: a label
+// change must not hide behind a lending override of the same class (once
+// the override goes, the new label's class must be there).
+func TestHoldsComparesTheStoredClass(t *testing.T) {
+	r := &Registry{Default: occupancy.Unmanaged}
+	low := Workload{PodUID: "u", Namespace: "n", Name: "p", Priority: occupancy.Low}
+	r.Put(low)
+	r.Override("u", occupancy.High)
+	high := low
+	high.Priority = occupancy.High
+	if r.Holds(high) {
+		t.Fatal("Holds took the override for the stored class: a label change to high would be skipped")
+	}
+	if !r.Holds(low) {
+		t.Fatal("Holds does not see the stored workload")
+	}
+	r.Put(high)
+	r.Override("u", "")
+	if w, _ := r.Lookup(occupancy.ProcInfo{PodUID: "u"}); w.Priority != occupancy.High {
+		t.Fatalf("class %s after the override went, want the label's high", w.Priority)
+	}
+	if r.Holds(Workload{}) {
+		t.Fatal("Holds of an empty workload")
+	}
+}

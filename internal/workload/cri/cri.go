@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/gpud/gpud/internal/cgroups"
-	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/workload"
 
 	"google.golang.org/grpc"
@@ -88,7 +87,7 @@ func (c *Source) sync(ctx context.Context, rs runtimeapi.RuntimeServiceClient) e
 		seen[md.Uid] = true
 		w := SandboxWorkload(c.Registry, md.Uid, md.Namespace, md.Name, sb.Labels)
 		w.CgroupID = cgroups.PodID(c.CgroupRoot, md.Uid, "") // no QoS class on a sandbox: every layout is tried
-		if old, ok := c.Registry.Lookup(occupancy.ProcInfo{PodUID: md.Uid}); ok && old == w {
+		if c.Registry.Holds(w) {
 			continue
 		}
 		c.Registry.Put(w)

@@ -13,7 +13,6 @@ import (
 	"github.com/gpud/gpud/internal/workload"
 
 	"github.com/gpud/gpud/internal/cgroups"
-	"github.com/gpud/gpud/internal/occupancy"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
@@ -107,7 +106,9 @@ func (p *Pods) Run(ctx context.Context) {
 	p.mu.Lock()
 	p.store = inf.GetStore()
 	p.mu.Unlock()
-	inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	// The handler's own HasSynced: the informer's says the cache is full,
+	// not that the handler has put every listed pod in the registry.
+	reg, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    p.put,
 		UpdateFunc: func(_, obj any) { p.put(obj) },
 		DeleteFunc: func(obj any) {
@@ -119,8 +120,12 @@ func (p *Pods) Run(ctx context.Context) {
 			}
 		},
 	})
+	if err != nil {
+		p.Log.Error("watching pods", "error", err)
+		return
+	}
 	f.Start(ctx.Done())
-	if cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) && p.Synced != nil {
+	if cache.WaitForCacheSync(ctx.Done(), reg.HasSynced) && p.Synced != nil {
 		p.Synced()
 	}
 	<-ctx.Done()
@@ -146,7 +151,7 @@ func (p *Pods) put(obj any) {
 		w.TaskID = pod.Namespace + "/" + pod.Name
 	}
 	w.CgroupID = cgroups.PodID(p.CgroupRoot, uid, string(pod.Status.QOSClass))
-	if old, ok := p.Registry.Lookup(occupancy.ProcInfo{PodUID: uid}); ok && old == w {
+	if p.Registry.Holds(w) {
 		return
 	}
 	p.Registry.Put(w)
