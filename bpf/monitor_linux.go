@@ -84,7 +84,7 @@ type Monitor struct {
 	// when they are).
 	mkdirErr error
 	links    []link.Link // observers
-	rd    *ringbuf.Reader
+	rd       *ringbuf.Reader
 
 	gate     link.Link // the cgroup/dev link (pinned under pinDir when set)
 	pinDir   string
