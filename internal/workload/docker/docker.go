@@ -61,6 +61,10 @@ func (d *Watcher) Run(ctx context.Context) {
 	}
 }
 
+// startQueue bounds the start events waiting for their inspect; a full
+// queue holds the event stream back.
+const startQueue = 1024
+
 func (d *Watcher) watch(ctx context.Context) error {
 	f := filters.NewArgs(filters.Arg("type", "container"),
 		filters.Arg("event", "create"), filters.Arg("event", "start"), filters.Arg("event", "die"), filters.Arg("event", "destroy"))
@@ -87,6 +91,25 @@ func (d *Watcher) watch(ctx context.Context) error {
 	if d.Synced != nil {
 		d.Synced()
 	}
+	// Start events need an inspect (the cgroup's id), a round trip to the
+	// engine each; they are done apart, so that a burst of them never
+	// delays a create event, which must reach the kernel before runc makes
+	// the container's cgroup.
+	starts := make(chan string, startQueue)
+	wctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	defer func() { stop(); <-done }()
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-wctx.Done():
+				return
+			case id := <-starts:
+				d.refresh(wctx, id)
+			}
+		}
+	}()
 	for {
 		select {
 		case <-ctx.Done():
@@ -100,8 +123,14 @@ func (d *Watcher) watch(ctx context.Context) error {
 				d.created(m.Actor.ID, m.Actor.Attributes["name"], m.Actor.Attributes)
 				d.Registry.Expect(m.Actor.ID, cgroups.DockerLeafNames(m.Actor.ID))
 			case events.ActionStart:
-				d.refresh(ctx, m.Actor.ID)
+				select {
+				case starts <- m.Actor.ID:
+				case <-ctx.Done():
+					return nil
+				}
 			case events.ActionDestroy:
+				// A start queued before it finds the container gone (inspect:
+				// not found) and removes it again.
 				d.Registry.Remove(m.Actor.ID)
 			case events.ActionDie:
 				// Keep the workload until it is destroyed: its processes may
