@@ -152,3 +152,61 @@ func TestGateHighMark(t *testing.T) {
 		t.Fatalf("low open after confirmation: %q", got)
 	}
 }
+
+// A cgroup whose leaf name was expected gets its class as it is made, with
+// no SetCgroupPriority: the first open from it is judged by the gate. A
+// name no longer expected, or never, is not classified.
+func TestGateExpectedCgroup(t *testing.T) {
+	_, gpus := testutil.MakeFakeGPUs(t, 2)
+	m := loadMonitor(t, gpus)
+	if err := m.MkdirHook(); err != nil {
+		t.Fatalf("cgroup_mkdir programs not attached: %v", err)
+	}
+	if err := m.Register(uint32(os.Getpid()), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.SetEnforcing(true, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.SetGPUPolicy(0, bpf.GPUPolicy{High: 1}, bpf.MonotonicNow()); err != nil {
+		t.Fatal(err)
+	}
+	name := func(n string) string { return fmt.Sprintf("gpud-bpftest-%s-%d", n, os.Getpid()) }
+	if err := m.ExpectCgroup(name("expected"), bpf.PrioLow); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.ExpectCgroup(name("forgotten"), bpf.PrioLow); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.UnexpectCgroup(name("forgotten")); err != nil {
+		t.Fatal(err)
+	}
+	expected, _ := cgroupDir(t, "", "expected")
+	if got := openFrom(t, expected, gpus[0].Path); !strings.Contains(got, "not permitted") {
+		t.Errorf("first open from an expected low cgroup on a high-held GPU: %q, want EPERM", got)
+	}
+	// A child is classified through its parent, as for a pod's containers.
+	child, _ := cgroupDir(t, expected, "child")
+	if got := openFrom(t, child, gpus[0].Path); !strings.Contains(got, "not permitted") {
+		t.Errorf("child of an expected low cgroup: %q, want EPERM", got)
+	}
+	for _, n := range []string{"forgotten", "other"} {
+		dir, _ := cgroupDir(t, "", n)
+		if got := openFrom(t, dir, gpus[0].Path); got != "opened" {
+			t.Errorf("cgroup %s: %q, want opened (not classified)", n, got)
+		}
+	}
+	// Names the kernel key cannot hold exactly, or that are not one path
+	// element, are refused rather than cut short.
+	for _, bad := range []string{"", "a/b", strings.Repeat("x", bpf.CgroupNameMax+1)} {
+		if err := m.ExpectCgroup(bad, bpf.PrioLow); err == nil {
+			t.Errorf("ExpectCgroup(%.20q): no error", bad)
+		}
+	}
+	if err := m.ExpectCgroup(strings.Repeat("x", bpf.CgroupNameMax), bpf.PrioLow); err != nil {
+		t.Errorf("a name of CgroupNameMax bytes: %v", err)
+	}
+	if err := m.ExpectCgroup(name("x"), 7); err == nil {
+		t.Error("ExpectCgroup with class 7: no error")
+	}
+}

@@ -74,6 +74,24 @@ struct {
 	__type(value, struct gpu_pol);
 } gpu_policy SEC(".maps");
 
+// Classes of cgroups that do not exist yet, by leaf name (written by user
+// space when a workload's class is known before its cgroup: a Docker
+// container's create event, a pod the informer sees first). The
+// cgroup_mkdir program copies the class into cgroup_prio the moment the
+// cgroup is made, before any process runs in it, so the gate decides the
+// workload's first open. A plain hash: when it is full, user space hears
+// E2BIG and the after-the-fact rule covers that workload.
+struct cgroup_name {
+	char name[CGROUP_NAME_LEN];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct cgroup_name);
+	__type(value, __u32); // enum prio
+} expect_cgroup SEC(".maps");
+
 // Written by the kernel only: when a high-priority open of the GPU was last
 // let through or completed. A low open is denied while this is newer than
 // what user space has confirmed in gpu_confirmed, so the GPU counts as held
@@ -535,5 +553,52 @@ int BPF_PROG(on_exit, struct task_struct *p)
 	if (!monitoring)
 		return 0;
 	emit(EV_EXIT, BPF_CORE_READ(p, pid), tgid, 0, -1, -1);
+	return 0;
+}
+
+// ----------------------------------------------------------------------------
+// Classification at cgroup creation. Loaded and attached on their own (a
+// kernel without these tracepoints still runs everything above).
+
+// cgroup_v2_leaf reads a cgroup v2 cgroup's leaf name into key; 0 when the
+// cgroup is in a v1 hierarchy (hybrid hosts make one per controller), or
+// its name does not fit (it cannot be one user space expects).
+static __always_inline int cgroup_v2_leaf(struct cgroup *cgrp, struct cgroup_name *key)
+{
+	if (BPF_CORE_READ(cgrp, root, hierarchy_id) != 0) // cgrp_dfl_root is hierarchy 0
+		return 0;
+	const char *name = BPF_CORE_READ(cgrp, kn, name);
+	if (!name)
+		return 0;
+	long n = bpf_probe_read_kernel_str(key->name, sizeof(key->name), name);
+	return n > 0 && n < (long)sizeof(key->name);
+}
+
+SEC("tp_btf/cgroup_mkdir")
+int BPF_PROG(on_cgroup_mkdir, struct cgroup *cgrp, const char *path)
+{
+	struct cgroup_name key;
+	__builtin_memset(&key, 0, sizeof(key));
+	if (!cgroup_v2_leaf(cgrp, &key))
+		return 0;
+	__u32 *prio = bpf_map_lookup_elem(&expect_cgroup, &key);
+	if (!prio)
+		return 0;
+	// The id the gate's ancestor walk reads (kernfs node id).
+	__u64 id = BPF_CORE_READ(cgrp, kn, id);
+	__u32 p = *prio;
+	bpf_map_update_elem(&cgroup_prio, &id, &p, BPF_ANY);
+	return 0;
+}
+
+// A removed cgroup's class goes with it: ids are never reused, and a class
+// set here for a workload user space never saw start would otherwise stay.
+SEC("tp_btf/cgroup_rmdir")
+int BPF_PROG(on_cgroup_rmdir, struct cgroup *cgrp, const char *path)
+{
+	if (BPF_CORE_READ(cgrp, root, hierarchy_id) != 0)
+		return 0;
+	__u64 id = BPF_CORE_READ(cgrp, kn, id);
+	bpf_map_delete_elem(&cgroup_prio, &id);
 	return 0;
 }

@@ -13,6 +13,11 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type gpudCgroupName struct {
+	_    structs.HostLayout
+	Name [128]int8
+}
+
 type gpudDenyKey struct {
 	_      structs.HostLayout
 	Cgroup uint64
@@ -48,6 +53,7 @@ const (
 	gpudMapCgroupPrio      = "cgroup_prio"
 	gpudMapDenyReported    = "deny_reported"
 	gpudMapEvents          = "events"
+	gpudMapExpectCgroup    = "expect_cgroup"
 	gpudMapGpuConfirmed    = "gpu_confirmed"
 	gpudMapGpuDevs         = "gpu_devs"
 	gpudMapGpuHighMark     = "gpu_high_mark"
@@ -56,6 +62,8 @@ const (
 	gpudMapPending         = "pending"
 	gpudMapRecvMsgs        = "recv_msgs"
 	gpudProgGpudGate       = "gpud_gate"
+	gpudProgOnCgroupMkdir  = "on_cgroup_mkdir"
+	gpudProgOnCgroupRmdir  = "on_cgroup_rmdir"
 	gpudProgOnExec         = "on_exec"
 	gpudProgOnExit         = "on_exit"
 	gpudProgOnFork         = "on_fork"
@@ -115,12 +123,14 @@ type gpudSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type gpudProgramSpecs struct {
-	GpudGate   *ebpf.ProgramSpec `ebpf:"gpud_gate"`
-	OnExec     *ebpf.ProgramSpec `ebpf:"on_exec"`
-	OnExit     *ebpf.ProgramSpec `ebpf:"on_exit"`
-	OnFork     *ebpf.ProgramSpec `ebpf:"on_fork"`
-	OnSysEnter *ebpf.ProgramSpec `ebpf:"on_sys_enter"`
-	OnSysExit  *ebpf.ProgramSpec `ebpf:"on_sys_exit"`
+	GpudGate      *ebpf.ProgramSpec `ebpf:"gpud_gate"`
+	OnCgroupMkdir *ebpf.ProgramSpec `ebpf:"on_cgroup_mkdir"`
+	OnCgroupRmdir *ebpf.ProgramSpec `ebpf:"on_cgroup_rmdir"`
+	OnExec        *ebpf.ProgramSpec `ebpf:"on_exec"`
+	OnExit        *ebpf.ProgramSpec `ebpf:"on_exit"`
+	OnFork        *ebpf.ProgramSpec `ebpf:"on_fork"`
+	OnSysEnter    *ebpf.ProgramSpec `ebpf:"on_sys_enter"`
+	OnSysExit     *ebpf.ProgramSpec `ebpf:"on_sys_exit"`
 }
 
 // gpudMapSpecs contains maps before they are loaded into the kernel.
@@ -130,6 +140,7 @@ type gpudMapSpecs struct {
 	CgroupPrio   *ebpf.MapSpec `ebpf:"cgroup_prio"`
 	DenyReported *ebpf.MapSpec `ebpf:"deny_reported"`
 	Events       *ebpf.MapSpec `ebpf:"events"`
+	ExpectCgroup *ebpf.MapSpec `ebpf:"expect_cgroup"`
 	GpuConfirmed *ebpf.MapSpec `ebpf:"gpu_confirmed"`
 	GpuDevs      *ebpf.MapSpec `ebpf:"gpu_devs"`
 	GpuHighMark  *ebpf.MapSpec `ebpf:"gpu_high_mark"`
@@ -178,6 +189,7 @@ type gpudMaps struct {
 	CgroupPrio   *ebpf.Map `ebpf:"cgroup_prio"`
 	DenyReported *ebpf.Map `ebpf:"deny_reported"`
 	Events       *ebpf.Map `ebpf:"events"`
+	ExpectCgroup *ebpf.Map `ebpf:"expect_cgroup"`
 	GpuConfirmed *ebpf.Map `ebpf:"gpu_confirmed"`
 	GpuDevs      *ebpf.Map `ebpf:"gpu_devs"`
 	GpuHighMark  *ebpf.Map `ebpf:"gpu_high_mark"`
@@ -192,6 +204,7 @@ func (m *gpudMaps) Close() error {
 		m.CgroupPrio,
 		m.DenyReported,
 		m.Events,
+		m.ExpectCgroup,
 		m.GpuConfirmed,
 		m.GpuDevs,
 		m.GpuHighMark,
@@ -222,17 +235,21 @@ type gpudVariables struct {
 //
 // It can be passed to loadGpudObjects or ebpf.CollectionSpec.LoadAndAssign.
 type gpudPrograms struct {
-	GpudGate   *ebpf.Program `ebpf:"gpud_gate"`
-	OnExec     *ebpf.Program `ebpf:"on_exec"`
-	OnExit     *ebpf.Program `ebpf:"on_exit"`
-	OnFork     *ebpf.Program `ebpf:"on_fork"`
-	OnSysEnter *ebpf.Program `ebpf:"on_sys_enter"`
-	OnSysExit  *ebpf.Program `ebpf:"on_sys_exit"`
+	GpudGate      *ebpf.Program `ebpf:"gpud_gate"`
+	OnCgroupMkdir *ebpf.Program `ebpf:"on_cgroup_mkdir"`
+	OnCgroupRmdir *ebpf.Program `ebpf:"on_cgroup_rmdir"`
+	OnExec        *ebpf.Program `ebpf:"on_exec"`
+	OnExit        *ebpf.Program `ebpf:"on_exit"`
+	OnFork        *ebpf.Program `ebpf:"on_fork"`
+	OnSysEnter    *ebpf.Program `ebpf:"on_sys_enter"`
+	OnSysExit     *ebpf.Program `ebpf:"on_sys_exit"`
 }
 
 func (p *gpudPrograms) Close() error {
 	return _GpudClose(
 		p.GpudGate,
+		p.OnCgroupMkdir,
+		p.OnCgroupRmdir,
 		p.OnExec,
 		p.OnExit,
 		p.OnFork,

@@ -40,11 +40,51 @@ const gatePin = "gate"
 // ErrNotBPFFS is returned when a pin directory is not on a bpf filesystem.
 var ErrNotBPFFS = errors.New("bpf: pin directory is not on a bpf filesystem")
 
+// coreObjects are the programs gpud cannot run without, with every map:
+// loaded together (one verifier pass, one failure).
+type coreObjects struct {
+	corePrograms
+	gpudMaps
+	gpudVariables
+}
+
+type corePrograms struct {
+	GpudGate   *ebpf.Program `ebpf:"gpud_gate"`
+	OnExec     *ebpf.Program `ebpf:"on_exec"`
+	OnExit     *ebpf.Program `ebpf:"on_exit"`
+	OnFork     *ebpf.Program `ebpf:"on_fork"`
+	OnSysEnter *ebpf.Program `ebpf:"on_sys_enter"`
+	OnSysExit  *ebpf.Program `ebpf:"on_sys_exit"`
+}
+
+func (o *coreObjects) Close() error {
+	p := &o.corePrograms
+	return _GpudClose(p.GpudGate, p.OnExec, p.OnExit, p.OnFork, p.OnSysEnter, p.OnSysExit, &o.gpudMaps)
+}
+
+// mkdirPrograms classify a cgroup as it is created (expect_cgroup →
+// cgroup_prio). Loaded and attached apart from the rest: a kernel without
+// the cgroup_mkdir tracepoint (or its BTF) runs gpud without them.
+type mkdirPrograms struct {
+	OnCgroupMkdir *ebpf.Program `ebpf:"on_cgroup_mkdir"`
+	OnCgroupRmdir *ebpf.Program `ebpf:"on_cgroup_rmdir"`
+}
+
+func (p *mkdirPrograms) Close() error { return _GpudClose(p.OnCgroupMkdir, p.OnCgroupRmdir) }
+
+// ErrNoMkdirHook is returned by ExpectCgroup when the cgroup-creation
+// programs are not running (MkdirHook says why).
+var ErrNoMkdirHook = errors.New("bpf: cgroup creation is not observed")
+
 // Monitor is the set of loaded and attached programs.
 type Monitor struct {
-	objs  gpudObjects
-	links []link.Link // observers
-	rd    *ringbuf.Reader
+	objs  coreObjects
+	mkdir mkdirPrograms
+	// mkdirErr is why the cgroup-creation programs are not attached (nil
+	// when they are).
+	mkdirErr error
+	links    []link.Link // observers
+	rd       *ringbuf.Reader
 
 	gate     link.Link // the cgroup/dev link (pinned under pinDir when set)
 	pinDir   string
@@ -88,11 +128,41 @@ func Load(opts Options) (*Monitor, error) {
 		m.Close()
 		return nil, fmt.Errorf("bpf: opening ring buffer: %w", err)
 	}
+	m.mkdirErr = m.attachMkdir(spec)
 	return m, nil
 }
 
+// attachMkdir loads and attaches the cgroup-creation programs on the maps
+// already loaded. Its error is kept, not returned: without them, a class
+// learnt before its cgroup exists is applied when user space finds the
+// cgroup, and the after-the-fact rule judges any open before that.
+func (m *Monitor) attachMkdir(spec *ebpf.CollectionSpec) error {
+	opts := &ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{
+		"cgroup_prio": m.objs.CgroupPrio, "expect_cgroup": m.objs.ExpectCgroup,
+	}}
+	if err := spec.LoadAndAssign(&m.mkdir, opts); err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			return fmt.Errorf("bpf: loading the cgroup_mkdir programs: %+v", ve)
+		}
+		return fmt.Errorf("bpf: loading the cgroup_mkdir programs: %w", err)
+	}
+	for _, prog := range []*ebpf.Program{m.mkdir.OnCgroupMkdir, m.mkdir.OnCgroupRmdir} {
+		l, err := link.AttachTracing(link.TracingOptions{Program: prog})
+		if err != nil {
+			return fmt.Errorf("bpf: attaching %s: %w", prog, err)
+		}
+		m.links = append(m.links, l)
+	}
+	return nil
+}
+
+// MkdirHook reports whether cgroups are classified as they are created:
+// nil when they are, else why not.
+func (m *Monitor) MkdirHook() error { return m.mkdirErr }
+
 func (m *Monitor) attach(cgroupRoot string) error {
-	p := &m.objs.gpudPrograms
+	p := &m.objs.corePrograms
 	for _, prog := range []*ebpf.Program{p.OnSysEnter, p.OnSysExit, p.OnFork, p.OnExec, p.OnExit} {
 		l, err := link.AttachTracing(link.TracingOptions{Program: prog})
 		if err != nil {
@@ -324,6 +394,60 @@ func (m *Monitor) ForgetCgroup(cgroupID uint64) error {
 	return nil
 }
 
+// CgroupNameMax is the longest cgroup leaf name ExpectCgroup takes (the
+// kernel map's key is CGROUP_NAME_LEN bytes, NUL included, and a name
+// filling it could be a longer one cut short).
+const CgroupNameMax = len(gpudCgroupName{}.Name) - 2
+
+func cgroupKey(name string) (gpudCgroupName, error) {
+	var k gpudCgroupName
+	switch {
+	case name == "" || strings.ContainsAny(name, "/\x00"):
+		return k, fmt.Errorf("bpf: cgroup name %q: want one non-empty path element", name)
+	case len(name) > CgroupNameMax:
+		return k, fmt.Errorf("bpf: cgroup name %.40q...: %d bytes, at most %d", name, len(name), CgroupNameMax)
+	}
+	for i := 0; i < len(name); i++ {
+		k.Name[i] = int8(name[i])
+	}
+	return k, nil
+}
+
+// ExpectCgroup gives the cgroup v2 cgroups that will be created with this
+// leaf name the class prio (PrioHigh or PrioLow) the moment they are made,
+// before a process runs in them: the gate then decides their first open.
+// It stays until UnexpectCgroup (a container's cgroup is made again at each
+// start). ErrNoMkdirHook when cgroup creation is not observed.
+func (m *Monitor) ExpectCgroup(name string, prio uint32) error {
+	if m.mkdirErr != nil {
+		return fmt.Errorf("%w: %w", ErrNoMkdirHook, m.mkdirErr)
+	}
+	if prio != PrioHigh && prio != PrioLow {
+		return fmt.Errorf("bpf: expecting cgroup %q: class %d is neither high nor low", name, prio)
+	}
+	k, err := cgroupKey(name)
+	if err != nil {
+		return err
+	}
+	if err := m.objs.ExpectCgroup.Put(k, prio); err != nil {
+		return fmt.Errorf("bpf: expecting cgroup %q: %w", name, err)
+	}
+	return nil
+}
+
+// UnexpectCgroup forgets a name ExpectCgroup was given (cgroups made
+// already keep their class until they are removed or forgotten).
+func (m *Monitor) UnexpectCgroup(name string) error {
+	k, err := cgroupKey(name)
+	if err != nil {
+		return err
+	}
+	if err := m.objs.ExpectCgroup.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("bpf: forgetting expected cgroup %q: %w", name, err)
+	}
+	return nil
+}
+
 // GPUPolicy is what the gate is told about one GPU.
 type GPUPolicy struct {
 	High, Low      uint32 // holders by class
@@ -416,7 +540,7 @@ func (m *Monitor) Close() error {
 		errs = append(errs, m.gate.Close())
 		m.gate = nil
 	}
-	errs = append(errs, m.objs.Close())
+	errs = append(errs, m.mkdir.Close(), m.objs.Close())
 	return errors.Join(errs...)
 }
 

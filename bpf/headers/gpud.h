@@ -52,6 +52,22 @@ struct task_struct {
 	struct signal_struct *signal;
 } __attribute__((preserve_access_index));
 
+/* cgroup_mkdir/cgroup_rmdir: a new cgroup's kernfs node (its leaf name and
+ * the id bpf_get_current_cgroup_id reports) and its hierarchy (0: v2). */
+struct kernfs_node {
+	const char *name;
+	__u64 id;
+} __attribute__((preserve_access_index));
+
+struct cgroup_root {
+	int hierarchy_id;
+} __attribute__((preserve_access_index));
+
+struct cgroup {
+	struct kernfs_node *kn;
+	struct cgroup_root *root;
+} __attribute__((preserve_access_index));
+
 /*
  * Syscall registers and numbers, per architecture. Only amd64 objects are
  * built and tested (gen.go); the arm64 block documents the port.
@@ -130,6 +146,10 @@ struct gpu_pol {
 };
 
 #define MAX_GPUS 256
+/* expect_cgroup's key: a cgroup's leaf name, NUL-padded (user space refuses
+ * names of CGROUP_NAME_LEN - 1 bytes or more, so a truncated read never
+ * matches). */
+#define CGROUP_NAME_LEN 128
 #define MAX_CGROUP_DEPTH 16
 
 struct event {

@@ -2,6 +2,7 @@ package cgroups
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -69,5 +70,29 @@ func TestParseRejectsGarbage(t *testing.T) {
 		if _, err := Parse(in); !errors.Is(err, ErrBadCgroupFile) {
 			t.Errorf("Parse(%q) err = %v, want ErrBadCgroupFile", in, err)
 		}
+	}
+}
+
+func TestLeafNames(t *testing.T) {
+	id := strings.Repeat("ab", 32)
+	if got := DockerLeafNames(id); len(got) != 2 || got[0] != "docker-"+id+".scope" || got[1] != id {
+		t.Errorf("DockerLeafNames: %q", got)
+	}
+	for _, bad := range []string{"", "abc", "../" + id[3:], strings.ToUpper(id)} {
+		if got := DockerLeafNames(bad); got != nil {
+			t.Errorf("DockerLeafNames(%q) = %q, want nil", bad, got)
+		}
+	}
+	uid := "0a1b2c3d-0000-1111-2222-333344445555"
+	want := []string{"pod" + uid, "kubepods-burstable-pod0a1b2c3d_0000_1111_2222_333344445555.slice"}
+	if got := PodLeafNames(uid, "Burstable"); !slices.Equal(got, want) {
+		t.Errorf("PodLeafNames burstable: %q, want %q", got, want)
+	}
+	// Unknown QoS: every class's name, each once.
+	if got := PodLeafNames(uid, ""); len(got) != 4 {
+		t.Errorf("PodLeafNames, QoS unknown: %q", got)
+	}
+	if got := PodLeafNames("../x", "Guaranteed"); got != nil {
+		t.Errorf("PodLeafNames of a bad uid: %q", got)
 	}
 }

@@ -120,6 +120,10 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	}
 	d.gate.Identify, d.gate.Wall = d.tracker.Identify, d.tracker.Wall
 	d.registry.OnChange = d.gate.ClassChanged
+	d.registry.OnExpect = (&gate.Expectations{Kernel: d.mon, Log: log}).Set
+	if err := d.mon.MkdirHook(); err != nil {
+		log.Warn("cgroups are not classified as they are made: a workload's opens before gpud finds its cgroup are judged after the fact", "error", err)
+	}
 	d.writer = &occupancy.Writer{
 		Path: cfg.StateFile, Node: cfg.NodeName, Ledger: d.ledger, Log: log,
 		Monitoring: d.monitoring.Load, Preemptions: d.journal.RecentRaw, Decorate: d.decorate,

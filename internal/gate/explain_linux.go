@@ -202,7 +202,6 @@ func joinPIDs(pids []int) string {
 	return strings.Join(s, ", ")
 }
 
-
 // lateWords says that pid opened gpu before gpud knew its workload, and
 // what was done about it (its preemption records).
 func (c *Controller) lateWords(pid, gpu int) string {

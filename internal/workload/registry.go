@@ -82,6 +82,9 @@ type Registry struct {
 	// OnChange is called for each cgroup whose class changed: prio is
 	// occupancy.High or occupancy.Low, or "" when it is no longer classified.
 	OnChange func(cgroupID uint64, prio occupancy.Priority)
+	// OnExpect is called when the class of cgroups not made yet changes
+	// (Expect): names are their leaf names, prio High, Low, or "" to forget.
+	OnExpect func(names []string, prio occupancy.Priority)
 
 	MalformedSeen atomic.Uint64 // malformed labels seen (each container once)
 
@@ -91,6 +94,8 @@ type Registry struct {
 	malformed   map[string]bool
 	overrides   map[string]occupancy.Priority // pod uid → class forced by lending
 	defaulted   map[string]bool               // keys Classify gave the default (no or malformed label)
+	expected    map[string]*expectation       // key → cgroup names expected (expect.go)
+	expMu       sync.Mutex                    // orders OnExpect calls
 }
 
 // effective applies a lending override to a workload's class.
@@ -123,6 +128,7 @@ func (r *Registry) Override(podUID string, p occupancy.Priority) {
 	if ok && w.CgroupID != 0 && r.OnChange != nil {
 		r.OnChange(w.CgroupID, gateClass(w.Priority))
 	}
+	r.syncExpect(PodKey(podUID))
 }
 
 // PodByName returns a known pod by namespace and name.
@@ -199,11 +205,13 @@ func (r *Registry) SetDefault(p occupancy.Priority) {
 	r.Default = p
 	p = r.defLocked()
 	var changed []Workload
+	var keys []string
 	for key := range r.defaulted {
 		w, ok := r.byContainer[key]
 		if !ok || w.Priority == p {
 			continue
 		}
+		keys = append(keys, key)
 		w.Priority = p
 		r.byContainer[key] = w
 		if w.CgroupID != 0 {
@@ -217,6 +225,7 @@ func (r *Registry) SetDefault(p occupancy.Priority) {
 			r.OnChange(w.CgroupID, gateClass(w.Priority))
 		}
 	}
+	r.syncExpect(keys...)
 }
 
 // Holds reports whether w is stored as it is (its own class, before any
@@ -246,6 +255,7 @@ func (r *Registry) Put(w Workload) {
 		r.byCgroup[w.CgroupID] = w
 	}
 	r.mu.Unlock()
+	defer r.syncExpect(key)
 	if r.OnChange == nil {
 		return
 	}
@@ -285,6 +295,7 @@ func (r *Registry) Remove(containerID string) {
 	if ok && w.CgroupID != 0 && r.OnChange != nil {
 		r.OnChange(w.CgroupID, "")
 	}
+	r.dropExpect(containerID)
 }
 
 // Lookup returns the workload a process belongs to: by container id, else by

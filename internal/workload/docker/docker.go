@@ -19,11 +19,19 @@ import (
 	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/client"
 	"github.com/gpud/gpud/internal/cgroups"
+	"github.com/gpud/gpud/internal/occupancy"
 )
 
-// Watcher keeps the registry in step with a Docker engine: every running
-// container at start, then the events stream (start, die, destroy). On a
-// lost connection it reconnects with backoff and lists again.
+// Watcher keeps the registry in step with a Docker engine: every container
+// at start, then the events stream (create, start, die, destroy). On a lost
+// connection it reconnects with backoff and lists again.
+//
+// A container's class is known at its create event (the event carries its
+// labels), before runc makes its cgroup: the watcher puts it in the
+// registry then and expects the cgroup's leaf names (Registry.Expect), so
+// that the kernel classifies the cgroup as it is made and the gate judges
+// the container's first open. The start event finds the cgroup's id, as
+// for containers created before gpud ran.
 type Watcher struct {
 	Client     client.APIClient
 	Registry   *workload.Registry
@@ -53,21 +61,55 @@ func (d *Watcher) Run(ctx context.Context) {
 	}
 }
 
+// startQueue bounds the start events waiting for their inspect; a full
+// queue holds the event stream back.
+const startQueue = 1024
+
 func (d *Watcher) watch(ctx context.Context) error {
 	f := filters.NewArgs(filters.Arg("type", "container"),
-		filters.Arg("event", "start"), filters.Arg("event", "die"), filters.Arg("event", "destroy"))
+		filters.Arg("event", "create"), filters.Arg("event", "start"), filters.Arg("event", "die"), filters.Arg("event", "destroy"))
 	// Subscribe before listing, so that nothing between the two is missed.
 	msgs, errs := d.Client.Events(ctx, events.ListOptions{Filters: f})
-	list, err := d.Client.ContainerList(ctx, container.ListOptions{})
+	// Stopped containers too: `docker start` makes their cgroup again, and
+	// it is classified as it is made only if it is expected.
+	list, err := d.Client.ContainerList(ctx, container.ListOptions{All: true})
 	if err != nil {
 		return fmt.Errorf("listing containers: %w", err)
 	}
 	for _, c := range list {
-		d.refresh(ctx, c.ID)
+		if c.State == container.StateRunning {
+			d.refresh(ctx, c.ID)
+		} else {
+			var name string
+			if len(c.Names) > 0 {
+				name = c.Names[0]
+			}
+			d.created(c.ID, name, c.Labels)
+		}
+		d.Registry.Expect(c.ID, cgroups.DockerLeafNames(c.ID))
 	}
 	if d.Synced != nil {
 		d.Synced()
 	}
+	// Start events need an inspect (the cgroup's id), a round trip to the
+	// engine each; they are done apart, so that a burst of them never
+	// delays a create event, which must reach the kernel before runc makes
+	// the container's cgroup.
+	starts := make(chan string, startQueue)
+	wctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	defer func() { stop(); <-done }()
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-wctx.Done():
+				return
+			case id := <-starts:
+				d.refresh(wctx, id)
+			}
+		}
+	}()
 	for {
 		select {
 		case <-ctx.Done():
@@ -76,9 +118,19 @@ func (d *Watcher) watch(ctx context.Context) error {
 			return err
 		case m := <-msgs:
 			switch m.Action {
+			case events.ActionCreate:
+				// Labels are the event's attributes (with name and image).
+				d.created(m.Actor.ID, m.Actor.Attributes["name"], m.Actor.Attributes)
+				d.Registry.Expect(m.Actor.ID, cgroups.DockerLeafNames(m.Actor.ID))
 			case events.ActionStart:
-				d.refresh(ctx, m.Actor.ID)
+				select {
+				case starts <- m.Actor.ID:
+				case <-ctx.Done():
+					return nil
+				}
 			case events.ActionDestroy:
+				// A start queued before it finds the container gone (inspect:
+				// not found) and removes it again.
 				d.Registry.Remove(m.Actor.ID)
 			case events.ActionDie:
 				// Keep the workload until it is destroyed: its processes may
@@ -86,6 +138,25 @@ func (d *Watcher) watch(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// created puts a container that has no cgroup yet (created, or stopped) in
+// the registry, classified from its labels. A container gpud knows already
+// is left alone: its cgroup id stays until its next start.
+func (d *Watcher) created(id, name string, labels map[string]string) {
+	if _, ok := d.Registry.Lookup(occupancy.ProcInfo{ContainerID: id}); ok {
+		return
+	}
+	w := workload.Workload{
+		ContainerID: id,
+		Name:        strings.TrimPrefix(name, "/"),
+		Priority:    d.Registry.Classify(id, labels),
+		TaskID:      labels[workload.LabelTaskID],
+	}
+	if w.TaskID == "" {
+		w.TaskID = w.Name
+	}
+	d.Registry.Put(w)
 }
 
 // Refresh (re)classifies one container now, e.g. when a holder in an unknown

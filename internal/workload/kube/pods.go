@@ -151,6 +151,11 @@ func (p *Pods) put(obj any) {
 		w.TaskID = pod.Namespace + "/" + pod.Name
 	}
 	w.CgroupID = cgroups.PodID(p.CgroupRoot, uid, string(pod.Status.QOSClass))
+	// The informer often sees a pod before kubelet makes its cgroup: the
+	// kernel then classifies the cgroup as it is made, and the gate judges
+	// the pod's first open. Kept for the pod's life (the registry says the
+	// class only once; Remove forgets it).
+	defer p.Registry.Expect(workload.PodKey(uid), cgroups.PodLeafNames(uid, string(pod.Status.QOSClass)))
 	if p.Registry.Holds(w) {
 		return
 	}
