@@ -25,6 +25,7 @@ import (
 	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/preempt"
 	"github.com/gpud/gpud/internal/priority"
+	"github.com/gpud/gpud/internal/safefs"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -130,10 +131,23 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	if cfg.FailOpenAfter <= 0 {
 		cfg.FailOpenAfter = 30 * time.Second
 	}
+	// Every directory gpud writes in must be one only root can change.
+	if err := safefs.CheckDirs(
+		safefs.Need{Setting: "state-file", File: cfg.StateFile, Perm: 0o755},
+		safefs.Need{Setting: "state-dir", Dir: orDefault(cfg.StateDir, "/var/lib/gpud"), Perm: 0o755},
+		safefs.Need{Setting: "control-socket", File: cfg.ControlSocket, Perm: 0o755},
+		safefs.Need{Setting: "checkpoint-root", Dir: cfg.CheckpointRoot, Perm: 0o755},
+	); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
 	d := &Daemon{cfg: cfg, log: log, gpus: gpus}
 	d.monitoring.Store(true)
-	if prev, err := occupancy.ReadStateFile(cfg.StateFile); err == nil {
+	// The switch is taken only from a state file gpud wrote (root's, not
+	// writable by others, not a symlink): anyone else's is ignored.
+	if prev, err := occupancy.ReadOwnStateFile(cfg.StateFile); err == nil {
 		d.monitoring.Store(prev.Monitoring)
+	} else if errors.Is(err, safefs.ErrUnsafe) {
+		log.Warn("state file not written by gpud: its settings are ignored, and it is replaced", "path", cfg.StateFile, "error", err)
 	} else if !errors.Is(err, os.ErrNotExist) {
 		// A damaged file is set aside and rebuilt from the kernel and /proc.
 		aside := cfg.StateFile + ".corrupt"

@@ -32,14 +32,13 @@ type ProcFS struct {
 // (the leader exited, a zombie without a table, while another thread
 // lives on; or a thread unshared its table). For one process at a time
 // (events, kills, explain): the resync's scan of every process reads the
-// leader's table only, and the others when it is empty (scanFDs).
+// leader's table only, and the others when it is empty (gpuFDs).
 func (p *ProcFS) GPUFDs(pid int) (map[int][]int32, error) { return p.gpuFDs(pid, true) }
 
-// scanFDs is GPUFDs for the scan of every process: the threads' tables are
-// read only when the leader's is empty (a zombie leader), so a scan of a
-// node's thousands of processes costs one fd directory each.
-func (p *ProcFS) scanFDs(pid int) (map[int][]int32, error) { return p.gpuFDs(pid, false) }
-
+// gpuFDs reads pid's GPU fds. Without threads (the scan of every process)
+// the threads' tables are read only when the leader's is empty (a zombie
+// leader), so a scan of a node's thousands of processes costs one fd
+// directory each.
 func (p *ProcFS) gpuFDs(pid int, threads bool) (map[int][]int32, error) {
 	base := filepath.Join(p.Root, strconv.Itoa(pid))
 	out := map[int][]int32{}

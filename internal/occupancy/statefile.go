@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/gpud/gpud/internal/safefs"
 )
 
 // StateVersion is the state file's schema version.
@@ -24,6 +26,8 @@ type StateFile struct {
 	Monitoring  bool         `json:"monitoring"`
 	GPUs        []StateGPU   `json:"gpus"`
 	Preemptions []Preemption `json:"preemptions"`
+	// Health reports failed writes (a full disk); absent while none failed.
+	Health *Health `json:"health,omitempty"`
 }
 
 // StateGPU is one GPU in the state file.
@@ -101,41 +105,16 @@ func WriteAtomic(path string, data []byte) error { return writeAtomic(path, data
 func WriteVisible(path string, data []byte) error { return writeAtomic(path, data, false) }
 
 func writeAtomic(path string, data []byte, durable bool) error {
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("occupancy: creating %s: %w", dir, err)
-	}
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
+	// The directory must be one only root can change (safefs); the file is
+	// created exclusively there and renamed into place, so a symlink or a
+	// file another user planted is replaced, never written through.
+	d, err := safefs.OpenDir(filepath.Dir(path), 0o755)
 	if err != nil {
 		return fmt.Errorf("occupancy: %w", err)
 	}
-	defer os.Remove(tmp.Name()) // no-op after the rename
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return fmt.Errorf("occupancy: writing %s: %w", tmp.Name(), err)
-	}
-	if err := tmp.Chmod(0o644); err != nil {
-		tmp.Close()
+	defer d.Close()
+	if err := d.WriteFile(filepath.Base(path), data, 0o644, durable); err != nil {
 		return fmt.Errorf("occupancy: %w", err)
-	}
-	if durable {
-		if err := tmp.Sync(); err != nil {
-			tmp.Close()
-			return fmt.Errorf("occupancy: syncing %s: %w", tmp.Name(), err)
-		}
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("occupancy: %w", err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("occupancy: replacing %s: %w", path, err)
-	}
-	if !durable {
-		return nil
-	}
-	if d, err := os.Open(dir); err == nil {
-		d.Sync()
-		d.Close()
 	}
 	return nil
 }
@@ -143,6 +122,27 @@ func writeAtomic(path string, data []byte, durable bool) error {
 // ReadStateFile reads and validates a state file.
 func ReadStateFile(path string) (*StateFile, error) {
 	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return ParseStateFile(b)
+}
+
+// maxStateFile bounds what gpud reads back of a state file: a document for
+// hundreds of GPUs and holders is well under it.
+const maxStateFile = 64 << 20
+
+// ReadOwnStateFile reads back a state file gpud wrote, to take settings
+// from it (the monitoring switch): the directory must pass safefs's rule
+// and the file must be a regular file root owns that nobody else can
+// write, not a symlink; otherwise the error wraps safefs.ErrUnsafe.
+func ReadOwnStateFile(path string) (*StateFile, error) {
+	d, err := safefs.OpenDir(filepath.Dir(path), 0o755)
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	b, err := d.ReadOwned(filepath.Base(path), maxStateFile)
 	if err != nil {
 		return nil, err
 	}

@@ -12,7 +12,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/gpud/gpud/internal/occupancy"
+	"github.com/gpud/gpud/internal/safefs"
 )
 
 // Party is one side of a preemption.
@@ -68,11 +68,19 @@ type Journal struct {
 // longer than any record) are skipped and reported in skipped; they never
 // stop gpud from starting.
 func OpenJournal(path string, keep int) (j *Journal, skipped int, err error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, 0, fmt.Errorf("preempt: journal dir: %w", err)
-	}
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_APPEND, 0o644)
+	// In a directory only root can change, never through a symlink, only
+	// a regular file root owns (safefs); root-only, as records name pods.
+	dir, err := safefs.OpenDir(filepath.Dir(path), 0o755)
 	if err != nil {
+		return nil, 0, fmt.Errorf("preempt: journal: %w", err)
+	}
+	f, err := dir.OpenAppend(filepath.Base(path), 0o600)
+	dir.Close()
+	if err != nil {
+		return nil, 0, fmt.Errorf("preempt: journal: %w", err)
+	}
+	if err := f.Chmod(0o600); err != nil { // one an older gpud made 0644
+		f.Close()
 		return nil, 0, fmt.Errorf("preempt: journal: %w", err)
 	}
 	keep = max(keep, 0)
@@ -160,10 +168,15 @@ func (j *Journal) compact(path string) error {
 		}
 		buf.Write(append(b, '\n'))
 	}
-	if err := occupancy.WriteAtomic(path, buf.Bytes()); err != nil {
+	dir, err := safefs.OpenDir(filepath.Dir(path), 0o755)
+	if err != nil {
 		return fmt.Errorf("preempt: compacting journal: %w", err)
 	}
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_APPEND, 0o644)
+	defer dir.Close()
+	if err := dir.WriteFile(filepath.Base(path), buf.Bytes(), 0o600, true); err != nil {
+		return fmt.Errorf("preempt: compacting journal: %w", err)
+	}
+	f, err := dir.OpenAppend(filepath.Base(path), 0o600)
 	if err != nil {
 		return fmt.Errorf("preempt: journal: %w", err)
 	}
