@@ -240,6 +240,8 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 			return out
 		},
 	}
+	d.writer.Health = d.journal.FillHealth // failed writes (a full disk), in the state file
+	d.journal.OnFlushed(d.writer.Kick)
 	d.ledger.OnChange(d.writer.Kick)
 	if cfg.DevicePlugin {
 		d.setupLending()

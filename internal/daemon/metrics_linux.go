@@ -90,7 +90,11 @@ func (d *Daemon) metricsSnapshot() metrics.Snapshot {
 		Malformed:  d.registry.MalformedSeen.Load(),
 		Monitoring: d.monitoring.Load(),
 		Enforcing:  d.cfg.Enforce,
+
+		StateWriteFailures: d.writer.Failures.Load(),
 	}
+	jh := d.journal.Health()
+	s.JournalWriteFailures, s.JournalPending = jh.Failures, jh.Pending
 	for _, g := range f.GPUs {
 		mg := metrics.GPU{Index: g.Index, UUID: g.UUID, Device: g.Device, State: string(g.State)}
 		if g.IdleSince != nil {

@@ -209,7 +209,7 @@ func (d *Dir) WriteFile(name string, data []byte, perm os.FileMode, durable bool
 		return err
 	}
 	if _, err := f.Write(data); err != nil {
-		return fail(fmt.Errorf("safefs: writing %s: %w", f.Name(), err))
+		return fail(fmt.Errorf("safefs: %w", err)) // err names the file
 	}
 	if err := f.Chmod(perm.Perm()); err != nil { // whatever the umask
 		return fail(fmt.Errorf("safefs: %w", err))
