@@ -11,7 +11,8 @@
 #   build   only checks that `go` is on PATH
 #   bpf     clang llvm libbpf-dev bpftool
 #   docker  docker.io busybox-static
-#   test    everything the privileged tests need (= docker)
+#   test    everything the privileged tests need (docker, and a C compiler for
+#           the thread-shape helper, internal/testutil/threads.go)
 #   k8s     the one-node test cluster, and Debian's prometheus for test/k8s
 set -euo pipefail
 
@@ -19,7 +20,7 @@ declare -A GROUP_PKGS=(
 	[build]=""
 	[bpf]="clang llvm libbpf-dev bpftool"
 	[docker]="docker.io busybox-static"
-	[test]="docker.io busybox-static prometheus"
+	[test]="docker.io busybox-static prometheus gcc libc6-dev"
 	[k8s]="containerd runc containernetworking-plugins openssl busybox-static iproute2 procps prometheus"
 )
 

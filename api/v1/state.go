@@ -41,6 +41,8 @@ type StateFile struct {
 	Enforcing   bool            `json:"enforcing"`
 	GPUs        []StateGPU      `json:"gpus"`
 	Preemptions []RawPreemption `json:"preemptions"`
+	// Health reports failed writes (a full disk); absent while none failed.
+	Health *Health `json:"health,omitempty"`
 }
 
 // StateGPU is one GPU in the state file.
@@ -75,3 +77,13 @@ type StateHolder struct {
 // journal wrote it, so that a reader of an older or newer gpud loses no
 // field it does not know.
 type RawPreemption = json.RawMessage
+
+// Health is the state file's "health" section: writes that failed (a full
+// disk, say). Counts are since gpud started. Absent while nothing failed.
+type Health struct {
+	StateWriteFailures   uint64     `json:"state_write_failures"`
+	JournalWriteFailures uint64     `json:"journal_write_failures"`
+	JournalPending       int        `json:"journal_pending"` // records waiting to be written
+	LastError            string     `json:"last_error,omitempty"`
+	LastErrorAt          *time.Time `json:"last_error_at,omitempty"`
+}

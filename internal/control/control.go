@@ -18,6 +18,7 @@ import (
 
 	v1 "github.com/gpud/gpud/api/v1"
 	"github.com/gpud/gpud/internal/gate"
+	"github.com/gpud/gpud/internal/safefs"
 )
 
 // Daemon is what the API reaches of the running gpud.
@@ -30,23 +31,16 @@ type Daemon interface {
 
 // Server is the control socket's server.
 type Server struct {
-	srv *http.Server
-	ln  net.Listener
+	srv  *http.Server
+	ln   net.Listener
+	path string
 }
 
 // Serve serves d's control API at path until Close; a stale socket there
 // is replaced.
 func Serve(path string, d Daemon, log *slog.Logger) (*Server, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, fmt.Errorf("control socket: %w", err)
-	}
-	_ = os.Remove(path) // a stale socket from a previous run
-	ln, err := net.Listen("unix", path)
+	ln, err := listenPrivate(path)
 	if err != nil {
-		return nil, fmt.Errorf("control socket: %w", err)
-	}
-	if err := os.Chmod(path, 0o600); err != nil {
-		ln.Close()
 		return nil, fmt.Errorf("control socket: %w", err)
 	}
 	mux := http.NewServeMux()
@@ -89,7 +83,7 @@ func Serve(path string, d Daemon, log *slog.Logger) (*Server, error) {
 		w.Header().Set("Content-Type", "application/json")
 		json.NewEncoder(w).Encode(e)
 	})
-	cs := &Server{srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}, ln: ln}
+	cs := &Server{srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}, ln: ln, path: path}
 	go func() {
 		if err := cs.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("control socket", "error", err)
@@ -102,5 +96,43 @@ func Serve(path string, d Daemon, log *slog.Logger) (*Server, error) {
 func (c *Server) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	return c.srv.Shutdown(ctx)
+	err := c.srv.Shutdown(ctx)
+	os.Remove(c.path)
+	return err
+}
+
+// listenPrivate binds the root-only socket at path with no moment at which
+// another user could connect: it is bound in a private (0700) directory
+// beside path, made 0600, then renamed into place. path's directory must be
+// one only root can change (safefs); what is at path is replaced only when
+// it is a socket (a stale one from a previous run).
+func listenPrivate(path string) (*net.UnixListener, error) {
+	dir, err := safefs.OpenDir(filepath.Dir(path), 0o755)
+	if err != nil {
+		return nil, err
+	}
+	dir.Close()
+	if st, err := os.Lstat(path); err == nil && st.Mode()&os.ModeSocket == 0 {
+		return nil, fmt.Errorf("%s exists and is not a socket (%s); gpud does not replace it", path, st.Mode().Type())
+	}
+	priv, err := os.MkdirTemp(dir.Path, ".gpud-sock")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(priv)
+	tmp := filepath.Join(priv, "s")
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: tmp, Net: "unix"})
+	if err != nil {
+		return nil, err
+	}
+	ln.SetUnlinkOnClose(false) // it is renamed; Close removes path
+	if err := os.Chmod(tmp, 0o600); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	if err := os.Rename(tmp, filepath.Join(dir.Path, filepath.Base(path))); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	return ln, nil
 }

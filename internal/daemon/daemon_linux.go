@@ -27,6 +27,7 @@ import (
 	"github.com/gpud/gpud/internal/nvidia"
 	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/preempt"
+	"github.com/gpud/gpud/internal/safefs"
 	"github.com/gpud/gpud/internal/workload"
 	"github.com/gpud/gpud/internal/workload/cri"
 	wdocker "github.com/gpud/gpud/internal/workload/docker"
@@ -85,6 +86,15 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
+	// Every directory gpud writes in must be one only root can change.
+	if err := safefs.CheckDirs(
+		safefs.Need{Setting: "state-file", File: cfg.StateFile, Perm: 0o755},
+		safefs.Need{Setting: "state-dir", Dir: cfg.StateDir, Perm: 0o755},
+		safefs.Need{Setting: "control-socket", File: cfg.ControlSocket, Perm: 0o755},
+		safefs.Need{Setting: "checkpoint-root", Dir: cfg.CheckpointRoot, Perm: 0o755},
+	); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
 	d := &Daemon{cfg: cfg, log: log, gpus: gpus}
 	d.monitoring.Store(occupancy.LastMonitoring(cfg.StateFile, log))
 	d.openNVML()
@@ -129,6 +139,8 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 		Monitoring: d.monitoring.Load, Preemptions: d.journal.RecentRaw, Decorate: d.decorate,
 	}
 	d.gate.Changed = d.writer.Kick
+	d.writer.Health = d.journal.FillHealth // failed writes (a full disk), in the state file
+	d.journal.OnFlushed(d.writer.Kick)
 	if cfg.DevicePlugin {
 		d.setupLending(proc)
 	}

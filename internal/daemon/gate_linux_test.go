@@ -360,3 +360,58 @@ func TestGateRestartKillsNobody(t *testing.T) {
 		t.Fatalf("%d kills across restarts", n)
 	}
 }
+
+// Label values are matched exactly: " high", "high\n", "low " and the like
+// are malformed, so their containers get --default-priority (unmanaged
+// here). A whitespace-"high" container's open of a low-held GPU kills
+// nobody; a whitespace-"low" container's open of a high-held GPU is
+// allowed and reclaims nothing. Each malformed container is counted and
+// logged once. Before, the values were trimmed: the " high" container
+// killed the low holder.
+func TestGateLabelWhitespaceIsMalformed(t *testing.T) {
+	e := enforcingEnv(t, preempt.ReclaimStop)
+	e.start()
+	low := e.container("low", "gpud.io/priority=low")
+	lp := low.hold(0)
+	high := e.container("high", "gpud.io/priority=high")
+	hp := high.hold(1)
+	odd := []*ctr{
+		e.container("sp-high", "gpud.io/priority= high"),
+		e.container("nl-high", "gpud.io/priority=high\n"),
+		e.container("tab-high", "gpud.io/priority=\thigh"),
+		e.container("sp-low", "gpud.io/priority=low "),
+		e.container("crlf-low", "gpud.io/priority=low\r\n"),
+	}
+	for _, c := range odd {
+		if got := c.tryOpen(0); got != "opened" {
+			t.Errorf("container %s: open of the low-held GPU: %q", c.id[:12], got)
+		}
+		if got := c.tryOpen(1); got != "opened" {
+			t.Errorf("container %s: open of the high-held GPU: %q (refused as low)", c.id[:12], got)
+		}
+		// Again: still one count and one log line per container.
+		c.tryOpen(0)
+		w, ok := e.d.Registry().Lookup(occupancy.ProcInfo{ContainerID: c.id})
+		if !ok || w.Priority != occupancy.Unmanaged {
+			t.Errorf("container %s classified %q, want the default (unmanaged)", c.id[:12], w.Priority)
+		}
+	}
+	time.Sleep(500 * time.Millisecond) // a kill or reclaim would be under way by now
+	if !testutil.Alive(lp) || !low.running() || !testutil.Alive(hp) || !high.running() {
+		t.Fatal("a holder was harmed by a container with a malformed label")
+	}
+	for _, c := range odd {
+		if !c.running() {
+			t.Errorf("container %s was reclaimed", c.id[:12])
+		}
+	}
+	if n := len(records(e, preempt.ActionKill)) + len(records(e, preempt.ActionDeny)); n != 0 {
+		t.Fatalf("%d preemption records, want none: %+v", n, e.d.Journal().Recent())
+	}
+	if n := e.d.Registry().MalformedSeen.Load(); n != uint64(len(odd)) {
+		t.Errorf("malformed labels counted %d, want %d (one per container)", n, len(odd))
+	}
+	if n := strings.Count(e.logs.String(), "malformed priority label"); n != len(odd) {
+		t.Errorf("malformed label logged %d times, want %d (once per container)", n, len(odd))
+	}
+}

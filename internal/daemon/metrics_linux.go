@@ -68,7 +68,11 @@ func (d *Daemon) metricsSnapshot() metrics.Snapshot {
 		Malformed:  d.registry.MalformedSeen.Load(),
 		Monitoring: d.monitoring.Load(),
 		Enforcing:  d.enforcing(),
+
+		StateWriteFailures: d.writer.Failures.Load(),
 	}
+	jh := d.journal.Health()
+	s.JournalWriteFailures, s.JournalPending = jh.Failures, jh.Pending
 	s.GPUs, s.Lent = metrics.GPUsOf(f, now, d.holderNames)
 	for t := bpf.EventType(1); t < bpf.EventTypes; t++ {
 		s.Events[t.String()] = d.tracker.ByType[t].Load()

@@ -62,6 +62,10 @@ type Snapshot struct {
 	Malformed     uint64 // malformed gpud.io/priority labels seen
 	Monitoring    bool
 	Enforcing     bool
+	// Writes that failed (a full disk): each is retried until it succeeds.
+	StateWriteFailures   uint64
+	JournalWriteFailures uint64
+	JournalPending       int // preemption records waiting to be written
 }
 
 // Source returns the current snapshot; it is called once per scrape.
@@ -87,6 +91,7 @@ type Metrics struct {
 	gpuInfo, gpuState, idle, holders, workloadHolders *prometheus.Desc
 	events, dropped, resyncs, registered, regs        *prometheus.Desc
 	lent, malformed, monitoring, enforcing            *prometheus.Desc
+	stateFailures, journalFailures, journalPending    *prometheus.Desc
 }
 
 func desc(name, help string, labels ...string) *prometheus.Desc {
@@ -129,6 +134,9 @@ func New(version string, src Source) *Metrics {
 		malformed:       desc("malformed_labels_total", "Workloads seen with a malformed gpud.io/priority label (each once)."),
 		monitoring:      desc("monitoring_enabled", "1 while kernel monitoring is switched on."),
 		enforcing:       desc("enforcing", "1 while the kernel gate enforces the priority rules."),
+		stateFailures:   desc("state_write_failures_total", "State file writes that failed (a full disk, say); each failure is retried on a timer until a write succeeds."),
+		journalFailures: desc("journal_write_failures_total", "Preemption journal writes that failed; a record cut short is truncated away and the record kept and retried until written."),
+		journalPending:  desc("journal_pending_records", "Preemption records waiting to be written to the journal after a failed write."),
 	}
 	m.reg.MustRegister(m.opens, m.preemptions, m.latency, m.buildInfo, collector{m},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -164,7 +172,8 @@ type collector struct{ m *Metrics }
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	m := c.m
 	for _, d := range []*prometheus.Desc{m.gpuInfo, m.gpuState, m.idle, m.holders, m.workloadHolders,
-		m.events, m.dropped, m.resyncs, m.registered, m.regs, m.lent, m.malformed, m.monitoring, m.enforcing} {
+		m.events, m.dropped, m.resyncs, m.registered, m.regs, m.lent, m.malformed, m.monitoring, m.enforcing,
+		m.stateFailures, m.journalFailures, m.journalPending} {
 		ch <- d
 	}
 }
@@ -219,6 +228,9 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	counter(m.malformed, s.Malformed)
 	gauge(m.monitoring, b2f(s.Monitoring))
 	gauge(m.enforcing, b2f(s.Enforcing))
+	counter(m.stateFailures, s.StateWriteFailures)
+	counter(m.journalFailures, s.JournalWriteFailures)
+	gauge(m.journalPending, float64(s.JournalPending))
 }
 
 func sortedKeys(m map[string]uint64) []string {

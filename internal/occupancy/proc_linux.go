@@ -27,17 +27,97 @@ type ProcFS struct {
 	Self       int // gpud's own pid: its NVML opens are not holders
 }
 
-// GPUFDs returns pid's GPU fds by GPU index.
-func (p *ProcFS) GPUFDs(pid int) (map[int][]int32, error) {
-	dir := filepath.Join(p.Root, strconv.Itoa(pid), "fd")
+// GPUFDs returns pid's GPU fds by GPU index, from the fd tables of all
+// its threads: a thread may hold a GPU its thread-group leader does not
+// (the leader exited, a zombie without a table, while another thread
+// lives on; or a thread unshared its table). For one process at a time
+// (events, kills, explain): the resync's scan of every process reads the
+// leader's table only, and the others when it is empty (gpuFDs).
+func (p *ProcFS) GPUFDs(pid int) (map[int][]int32, error) { return p.gpuFDs(pid, true) }
+
+// gpuFDs reads pid's GPU fds. Without threads (the scan of every process)
+// the threads' tables are read only when the leader's is empty (a zombie
+// leader), so a scan of a node's thousands of processes costs one fd
+// directory each.
+func (p *ProcFS) gpuFDs(pid int, threads bool) (map[int][]int32, error) {
+	base := filepath.Join(p.Root, strconv.Itoa(pid))
+	out := map[int][]int32{}
+	n, err := p.tableFDs(pid, base, out)
+	if err != nil {
+		return nil, err
+	}
+	if n > 0 && !threads {
+		return out, nil
+	}
+	tasks, err := os.ReadDir(filepath.Join(base, "task"))
+	if err != nil {
+		return out, nil // the process is going; what the leader showed stands
+	}
+	read := []int{}
+	if n > 0 {
+		read = append(read, pid) // the leader's table, read above
+	}
+	seen := map[int]map[int32]bool{}
+	for gpu, fds := range out {
+		seen[gpu] = map[int32]bool{}
+		for _, fd := range fds {
+			seen[gpu][fd] = true
+		}
+	}
+	for _, t := range tasks {
+		tid, err := strconv.Atoi(t.Name())
+		if err != nil || tid == pid {
+			continue
+		}
+		if sharesTable(read, tid) {
+			continue // threads usually share one table: read it once
+		}
+		one := map[int][]int32{}
+		if _, err := p.tableFDs(pid, filepath.Join(base, "task", t.Name()), one); err != nil {
+			continue // that thread exited meanwhile
+		}
+		read = append(read, tid)
+		for gpu, fds := range one {
+			if seen[gpu] == nil {
+				seen[gpu] = map[int32]bool{}
+			}
+			for _, fd := range fds {
+				if !seen[gpu][fd] {
+					seen[gpu][fd] = true
+					out[gpu] = append(out[gpu], fd)
+				}
+			}
+		}
+	}
+	return out, nil
+}
+
+// sharesTable reports whether thread tid shares its fd table with one of
+// the threads in read (kcmp KCMP_FILES). When kcmp cannot tell (no
+// CONFIG_KCMP), the table is read again: slower, never wrong.
+func sharesTable(read []int, tid int) bool {
+	for _, r := range read {
+		ret, _, errno := unix.Syscall6(unix.SYS_KCMP, uintptr(r), uintptr(tid), kcmpFiles, 0, 0, 0)
+		if errno == 0 && ret == 0 {
+			return true
+		}
+	}
+	return false
+}
+
+const kcmpFiles = 2 // KCMP_FILES (linux/kcmp.h)
+
+// tableFDs adds the GPU fds of the fd table under base (/proc/<pid> or
+// /proc/<pid>/task/<tid>) to out, and returns how many fds the table has.
+func (p *ProcFS) tableFDs(pid int, base string, out map[int][]int32) (int, error) {
+	dir := filepath.Join(base, "fd")
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ESRCH) {
-			return nil, fmt.Errorf("%w: %d", ErrNoProcess, pid)
+			return 0, fmt.Errorf("%w: %d", ErrNoProcess, pid)
 		}
-		return nil, fmt.Errorf("occupancy: reading %s: %w", dir, err)
+		return 0, fmt.Errorf("occupancy: reading %s: %w", dir, err)
 	}
-	out := map[int][]int32{}
 	for _, e := range ents {
 		fd, err := strconv.Atoi(e.Name())
 		if err != nil {
@@ -51,7 +131,7 @@ func (p *ProcFS) GPUFDs(pid int) (map[int][]int32, error) {
 		if target == "anon_inode:[io_uring]" {
 			// Files registered in an io_uring's fixed-file table are held
 			// without an fd of their own: slot k counts as fd -(k+1).
-			for gpu, slots := range p.ringFiles(pid, fd) {
+			for gpu, slots := range p.ringFiles(pid, base, fd) {
 				out[gpu] = append(out[gpu], slots...)
 			}
 			continue
@@ -69,11 +149,11 @@ func (p *ProcFS) GPUFDs(pid int) (map[int][]int32, error) {
 		if st.Mode&unix.S_IFMT != unix.S_IFCHR {
 			continue
 		}
-		if gpu, ok := p.Devs[st.Rdev]; ok && !p.pathOnly(pid, fd) {
+		if gpu, ok := p.Devs[st.Rdev]; ok && !pathOnly(base, fd) {
 			out[gpu] = append(out[gpu], int32(fd))
 		}
 	}
-	return out, nil
+	return len(ents), nil
 }
 
 // oPath is O_PATH as /proc/<pid>/fdinfo prints flags (octal).
@@ -81,8 +161,8 @@ const oPath = 0o10000000
 
 // pathOnly reports whether fd was opened O_PATH: a handle on the node, not
 // an open of the device (no driver, no GPU access, no gate).
-func (p *ProcFS) pathOnly(pid, fd int) bool {
-	b, err := os.ReadFile(filepath.Join(p.Root, strconv.Itoa(pid), "fdinfo", strconv.Itoa(fd)))
+func pathOnly(base string, fd int) bool {
+	b, err := os.ReadFile(filepath.Join(base, "fdinfo", strconv.Itoa(fd)))
 	if err != nil {
 		return false
 	}
@@ -98,8 +178,8 @@ func (p *ProcFS) pathOnly(pid, fd int) bool {
 // ringFiles returns the GPUs in the fixed-file table of the io_uring at
 // fd, as pseudo fds -(slot+1). The table is listed in the ring's fdinfo
 // ("UserFiles:" then "  <slot>: <path>"), paths as the process sees them.
-func (p *ProcFS) ringFiles(pid, fd int) map[int][]int32 {
-	b, err := os.ReadFile(filepath.Join(p.Root, strconv.Itoa(pid), "fdinfo", strconv.Itoa(fd)))
+func (p *ProcFS) ringFiles(pid int, base string, fd int) map[int][]int32 {
+	b, err := os.ReadFile(filepath.Join(base, "fdinfo", strconv.Itoa(fd)))
 	if err != nil {
 		return nil
 	}
@@ -186,9 +266,11 @@ func parseStat(s string) (string, uint64, error) {
 	return s[open+1 : closing], start, nil
 }
 
-// Scan reads one process: its identity and GPU fds.
-func (p *ProcFS) Scan(pid int) (ProcFDs, error) {
-	fds, err := p.GPUFDs(pid)
+// Scan reads one process: its identity and the GPU fds of all its threads.
+func (p *ProcFS) Scan(pid int) (ProcFDs, error) { return p.scan(pid, true) }
+
+func (p *ProcFS) scan(pid int, threads bool) (ProcFDs, error) {
+	fds, err := p.gpuFDs(pid, threads)
 	if err != nil {
 		return ProcFDs{}, err
 	}
@@ -216,7 +298,7 @@ func (p *ProcFS) ScanAll() ([]ProcFDs, error) {
 		if err != nil || !e.IsDir() || pid == p.Self {
 			continue
 		}
-		pf, err := p.Scan(pid)
+		pf, err := p.scan(pid, false)
 		if err != nil || len(pf.FDs) == 0 {
 			continue // gone, or holds nothing
 		}

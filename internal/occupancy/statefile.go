@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 
 	v1 "github.com/gpud/gpud/api/v1"
+	"github.com/gpud/gpud/internal/safefs"
 )
 
 // ErrBadStateFile is returned for a state file that is not one gpud wrote.
@@ -63,41 +64,16 @@ func WriteAtomic(path string, data []byte) error { return writeAtomic(path, data
 func WriteVisible(path string, data []byte) error { return writeAtomic(path, data, false) }
 
 func writeAtomic(path string, data []byte, durable bool) error {
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("occupancy: creating %s: %w", dir, err)
-	}
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
+	// The directory must be one only root can change (safefs); the file is
+	// created exclusively there and renamed into place, so a symlink or a
+	// file another user planted is replaced, never written through.
+	d, err := safefs.OpenDir(filepath.Dir(path), 0o755)
 	if err != nil {
 		return fmt.Errorf("occupancy: %w", err)
 	}
-	defer os.Remove(tmp.Name()) // no-op after the rename
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return fmt.Errorf("occupancy: writing %s: %w", tmp.Name(), err)
-	}
-	if err := tmp.Chmod(0o644); err != nil {
-		tmp.Close()
+	defer d.Close()
+	if err := d.WriteFile(filepath.Base(path), data, 0o644, durable); err != nil {
 		return fmt.Errorf("occupancy: %w", err)
-	}
-	if durable {
-		if err := tmp.Sync(); err != nil {
-			tmp.Close()
-			return fmt.Errorf("occupancy: syncing %s: %w", tmp.Name(), err)
-		}
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("occupancy: %w", err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("occupancy: replacing %s: %w", path, err)
-	}
-	if !durable {
-		return nil
-	}
-	if d, err := os.Open(dir); err == nil {
-		d.Sync()
-		d.Close()
 	}
 	return nil
 }
@@ -105,6 +81,27 @@ func writeAtomic(path string, data []byte, durable bool) error {
 // ReadStateFile reads and validates a state file.
 func ReadStateFile(path string) (*v1.StateFile, error) {
 	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return ParseStateFile(b)
+}
+
+// maxStateFile bounds what gpud reads back of a state file: a document for
+// hundreds of GPUs and holders is well under it.
+const maxStateFile = 64 << 20
+
+// ReadOwnStateFile reads back a state file gpud wrote, to take settings
+// from it (the monitoring switch): the directory must pass safefs's rule
+// and the file must be a regular file root owns that nobody else can
+// write, not a symlink; otherwise the error wraps safefs.ErrUnsafe.
+func ReadOwnStateFile(path string) (*v1.StateFile, error) {
+	d, err := safefs.OpenDir(filepath.Dir(path), 0o755)
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	b, err := d.ReadOwned(filepath.Base(path), maxStateFile)
 	if err != nil {
 		return nil, err
 	}
@@ -135,15 +132,19 @@ func ParseStateFile(b []byte) (*v1.StateFile, error) {
 	return &f, nil
 }
 
-// LastMonitoring returns the monitoring switch the state file at path
-// says the previous gpud left (on when there is none). A damaged file is
-// set aside and rebuilt from the kernel and /proc.
+// LastMonitoring returns the monitoring switch the state file at path says
+// the previous gpud left (on when there is none). The switch is taken only
+// from a state file gpud wrote (root's, not writable by others, not a
+// symlink): anyone else's is ignored and replaced. A damaged file is set
+// aside and rebuilt from the kernel and /proc.
 func LastMonitoring(path string, log *slog.Logger) bool {
-	prev, err := ReadStateFile(path)
-	if err == nil {
+	prev, err := ReadOwnStateFile(path)
+	switch {
+	case err == nil:
 		return prev.Monitoring
-	}
-	if !errors.Is(err, os.ErrNotExist) {
+	case errors.Is(err, safefs.ErrUnsafe):
+		log.Warn("state file not written by gpud: its settings are ignored, and it is replaced", "path", path, "error", err)
+	case !errors.Is(err, os.ErrNotExist):
 		aside := path + ".corrupt"
 		_ = os.Rename(path, aside)
 		log.Warn("state file unreadable; rebuilding it from the kernel and /proc", "path", path, "moved_to", aside, "error", err)

@@ -203,6 +203,22 @@ func (t *Tracker) Resync() error {
 	if err != nil {
 		return err
 	}
+	// The scan reads each leader's fd table; a holder the ledger knows
+	// whose threads keep the GPU where the leader's table does not show
+	// it (a thread that unshared its table) is read whole before it is
+	// dropped: every thread's table, for these few processes only.
+	found := make(map[int]bool, len(procs))
+	for _, pf := range procs {
+		found[pf.Info.PID] = true
+	}
+	for pid := range t.Ledger.FDTable() {
+		if found[pid] {
+			continue
+		}
+		if pf, err := t.Proc.Scan(pid); err == nil && len(pf.FDs) > 0 {
+			procs = append(procs, pf)
+		}
+	}
 	if t.Watch != nil {
 		// Watched first, read again second: whatever the process does after
 		// the second read is seen by the kernel side.

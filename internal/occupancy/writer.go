@@ -4,9 +4,20 @@ import (
 	"context"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	v1 "github.com/gpud/gpud/api/v1"
+)
+
+// Health is the state file's "health" section (a wire type: api/v1).
+type Health = v1.Health
+
+// retryFirst and retryMax bound the wait before a failed write is tried
+// again: soon after space returns, the file is fresh, with no event needed.
+const (
+	retryFirst = 500 * time.Millisecond
+	retryMax   = 5 * time.Second
 )
 
 // Writer keeps the state file in step with the ledger. Changes that arrive
@@ -21,7 +32,15 @@ type Writer struct {
 	Preemptions func() []v1.RawPreemption
 	// Decorate, when set, adds what the ledger does not know (loans).
 	Decorate func(*v1.StateFile)
-	Log      *slog.Logger
+	// Health, when set, adds the journal's part of the health section.
+	Health func(*Health)
+	Log    *slog.Logger
+
+	// Failures counts state file writes that failed.
+	Failures atomic.Uint64
+	failing  bool // the last write failed (Run's goroutine only)
+	lastErr  string
+	lastAt   time.Time
 
 	kick    chan struct{}
 	once    sync.Once
@@ -48,21 +67,73 @@ func (w *Writer) Kick() {
 }
 
 // Run writes the state file on every kick until ctx ends, then once more.
+// A write that fails is tried again on a timer (backing off from
+// retryFirst to retryMax) until one succeeds, so the file is fresh again
+// soon after the disk has space, whether or not anything changes.
 func (w *Writer) Run(ctx context.Context) {
 	w.init()
-	w.write()
+	retry := time.NewTimer(time.Hour)
+	retry.Stop()
+	defer retry.Stop()
+	wait := retryFirst
+	armed := false
+	after := func(ok bool) {
+		switch {
+		case ok:
+			wait = retryFirst
+			if armed {
+				retry.Stop()
+				armed = false
+			}
+		case !armed:
+			retry.Reset(wait)
+			armed = true
+			wait = min(2*wait, retryMax)
+		}
+	}
+	after(w.write())
 	for {
 		select {
 		case <-ctx.Done():
 			w.write()
 			return
 		case <-w.kick:
-			w.write()
+			after(w.write())
+		case <-retry.C:
+			armed = false
+			after(w.write())
 		}
 	}
 }
 
-func (w *Writer) write() {
+// health returns the health section, nil while nothing failed.
+func (w *Writer) health() *Health {
+	h := Health{StateWriteFailures: w.Failures.Load()}
+	w.mu.Lock()
+	h.LastError = w.lastErr
+	if !w.lastAt.IsZero() {
+		t := w.lastAt.UTC()
+		h.LastErrorAt = &t
+	}
+	w.mu.Unlock()
+	if w.Health != nil {
+		w.Health(&h)
+	}
+	if h.StateWriteFailures == 0 && h.JournalWriteFailures == 0 && h.JournalPending == 0 {
+		return nil
+	}
+	return &h
+}
+
+// Failed records a write failure of another file (the journal) as the last
+// error shown in the health section.
+func (w *Writer) Failed(err error) {
+	w.mu.Lock()
+	w.lastErr, w.lastAt = err.Error(), time.Now()
+	w.mu.Unlock()
+}
+
+func (w *Writer) write() bool {
 	snap := w.Ledger.Snapshot(time.Now())
 	f := Render(snap, w.Node, w.Monitoring == nil || w.Monitoring())
 	if w.Preemptions != nil {
@@ -71,12 +142,21 @@ func (w *Writer) write() {
 	if w.Decorate != nil {
 		w.Decorate(&f)
 	}
+	f.Health = w.health()
 	if err := WriteStateFile(w.Path, &f); err != nil {
-		if w.Log != nil {
-			w.Log.Error("writing state file", "path", w.Path, "error", err)
+		w.Failures.Add(1)
+		w.Failed(err)
+		// Logged when writes start failing, not at every retry.
+		if w.Log != nil && !w.failing {
+			w.Log.Error("writing state file; retrying until it succeeds", "path", w.Path, "error", err)
 		}
-		return
+		w.failing = true
+		return false
 	}
+	if w.failing && w.Log != nil {
+		w.Log.Info("state file written again", "path", w.Path, "failures", w.Failures.Load())
+	}
+	w.failing = false
 	w.mu.Lock()
 	w.written, w.wrote = snap.Version, true
 	keep := w.waiters[:0]
@@ -89,6 +169,7 @@ func (w *Writer) write() {
 	}
 	w.waiters = keep
 	w.mu.Unlock()
+	return true
 }
 
 // Written returns a channel closed once a state file reflecting ledger

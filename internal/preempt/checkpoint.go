@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/gpud/gpud/internal/occupancy"
+	"github.com/gpud/gpud/internal/safefs"
 )
 
 // CheckpointFile is the file gpud writes into a task's checkpoint directory
@@ -38,18 +38,19 @@ func TaskDir(root, taskID string) (string, error) {
 }
 
 // WriteNotice writes the task's CheckpointFile atomically and durably.
-func WriteNotice(root string, n Notice) (string, error) {
-	return writeNotice(root, n, occupancy.WriteAtomic)
-}
+func WriteNotice(root string, n Notice) (string, error) { return writeNotice(root, n, true) }
 
 // writeNoticeVisible writes it atomically, visible at once, without
 // waiting for the disk (two fsyncs: milliseconds, tens under I/O load):
 // for the instant before a kill with a grace period.
-func writeNoticeVisible(root string, n Notice) (string, error) {
-	return writeNotice(root, n, occupancy.WriteVisible)
-}
+func writeNoticeVisible(root string, n Notice) (string, error) { return writeNotice(root, n, false) }
 
-func writeNotice(root string, n Notice, write func(string, []byte) error) (string, error) {
+// writeNotice writes into root/<task>: root must be a directory only root
+// can change (safefs); the task's directory may be the task's own (it
+// writes its checkpoints there), so gpud opens it without following a
+// symlink and writes only through its descriptor: a new file, renamed
+// over the notice, never a write through what the task put there.
+func writeNotice(root string, n Notice, durable bool) (string, error) {
 	dir, err := TaskDir(root, n.TaskID)
 	if err != nil {
 		return "", err
@@ -59,5 +60,18 @@ func writeNotice(root string, n Notice, write func(string, []byte) error) (strin
 		return "", err
 	}
 	p := filepath.Join(dir, CheckpointFile)
-	return p, write(p, append(b, '\n'))
+	rd, err := safefs.OpenDir(root, 0o755)
+	if err != nil {
+		return p, fmt.Errorf("preempt: checkpoint root: %w", err)
+	}
+	defer rd.Close()
+	td, err := rd.SubDir(filepath.Base(dir), 0o755)
+	if err != nil {
+		return p, fmt.Errorf("preempt: checkpoint notice: %w", err)
+	}
+	defer td.Close()
+	if err := td.WriteFile(CheckpointFile, append(b, '\n'), 0o644, durable); err != nil {
+		return p, fmt.Errorf("preempt: checkpoint notice: %w", err)
+	}
+	return p, nil
 }

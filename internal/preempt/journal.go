@@ -16,7 +16,7 @@ import (
 
 	v1 "github.com/gpud/gpud/api/v1"
 
-	"github.com/gpud/gpud/internal/occupancy"
+	"github.com/gpud/gpud/internal/safefs"
 )
 
 // Party is one side of a preemption (a wire type: api/v1).
@@ -47,18 +47,63 @@ type Journal struct {
 	// short by a crash): the next record starts on a line of its own, or it
 	// would be glued to the torn one and lost with it.
 	torn bool
+	// size is the file's length after the last whole record: a write that
+	// fails (a full disk) is truncated back to it, so the file never keeps
+	// half a record.
+	size int64
+
+	// Records whose write failed wait here, in order, and are written by a
+	// timer (retry) until the disk takes them; later records queue behind
+	// them, so an outcome never lands before its intent.
+	pending  []pendingRecord
+	timer    *time.Timer
+	wait     time.Duration
+	closed   bool
+	failures uint64 // writes that failed
+	lost     uint64 // records dropped from a full queue (maxPending)
+	lastErr  error
+	lastAt   time.Time
+	flushed  func() // after a retry wrote every waiting record
 }
+
+// ErrWriteQueued: the disk did not take a record (full, say); it is kept
+// in memory and written by a retry timer, in order, once it can be.
+var ErrWriteQueued = errors.New("preempt: journal write failed; the record is kept and retried")
+
+type pendingRecord struct {
+	line []byte
+	sync bool
+}
+
+// maxPending bounds the records kept for a retry (about 2 MiB): past it
+// the oldest is dropped and counted, so a disk that never comes back
+// cannot grow gpud without bound.
+const maxPending = 4096
+
+// Retry waits between tries of a failed journal write, doubling.
+const (
+	retryFirst = 500 * time.Millisecond
+	retryMax   = 5 * time.Second
+)
 
 // OpenJournal opens (creating) the journal at path and loads its last keep
 // records. Lines that cannot be parsed (a torn last write, garbage, a line
 // longer than any record) are skipped and reported in skipped; they never
 // stop gpud from starting.
 func OpenJournal(path string, keep int) (j *Journal, skipped int, err error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, 0, fmt.Errorf("preempt: journal dir: %w", err)
-	}
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_APPEND, 0o644)
+	// In a directory only root can change, never through a symlink, only
+	// a regular file root owns (safefs); root-only, as records name pods.
+	dir, err := safefs.OpenDir(filepath.Dir(path), 0o755)
 	if err != nil {
+		return nil, 0, fmt.Errorf("preempt: journal: %w", err)
+	}
+	f, err := dir.OpenAppend(filepath.Base(path), 0o600)
+	dir.Close()
+	if err != nil {
+		return nil, 0, fmt.Errorf("preempt: journal: %w", err)
+	}
+	if err := f.Chmod(0o600); err != nil { // one an older gpud made 0644
+		f.Close()
 		return nil, 0, fmt.Errorf("preempt: journal: %w", err)
 	}
 	keep = max(keep, 0)
@@ -99,12 +144,17 @@ func OpenJournal(path string, keep int) (j *Journal, skipped int, err error) {
 		j.recent = append(j.recent, byID[id])
 	}
 	j.reindex()
-	if st, err := f.Stat(); err == nil && st.Size() > maxJournalBytes {
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, skipped, fmt.Errorf("preempt: journal: %w", err)
+	}
+	j.size = st.Size()
+	if st.Size() > maxJournalBytes {
 		// Compacted to the records kept, so the file does not grow for ever.
-		if err := j.compact(path); err != nil {
-			f.Close()
-			return nil, skipped, err
-		}
+		// A compaction that fails (a full disk) leaves the file whole and
+		// is tried again at the next start: it must not stop gpud.
+		_ = j.compact(path)
 	}
 	return j, skipped, nil
 }
@@ -146,15 +196,25 @@ func (j *Journal) compact(path string) error {
 		}
 		buf.Write(append(b, '\n'))
 	}
-	if err := occupancy.WriteAtomic(path, buf.Bytes()); err != nil {
+	dir, err := safefs.OpenDir(filepath.Dir(path), 0o755)
+	if err != nil {
 		return fmt.Errorf("preempt: compacting journal: %w", err)
 	}
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_APPEND, 0o644)
+	defer dir.Close()
+	if err := dir.WriteFile(filepath.Base(path), buf.Bytes(), 0o600, true); err != nil {
+		return fmt.Errorf("preempt: compacting journal: %w", err)
+	}
+	f, err := dir.OpenAppend(filepath.Base(path), 0o600)
 	if err != nil {
 		return fmt.Errorf("preempt: journal: %w", err)
 	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return fmt.Errorf("preempt: journal: %w", err)
+	}
 	j.f.Close()
-	j.f, j.torn = f, false
+	j.f, j.torn, j.size = f, false, st.Size()
 	return nil
 }
 
@@ -206,7 +266,9 @@ func (j *Journal) Resolve(outcome func(Record) string) (int, error) {
 			continue
 		}
 		r.Result = outcome(r)
-		if err := j.appendLocked(r, true); err != nil {
+		// Queued for a retry is not a failure here: a full disk must not
+		// stop gpud from starting.
+		if err := j.appendLocked(r, true); err != nil && !errors.Is(err, ErrWriteQueued) {
 			return n, err
 		}
 		n++
@@ -219,19 +281,8 @@ func (j *Journal) appendLocked(r Record, sync bool) error {
 	if err != nil {
 		return fmt.Errorf("preempt: encoding record: %w", err)
 	}
-	line := append(b, '\n')
-	if j.torn {
-		line = append([]byte{'\n'}, line...)
-	}
-	if _, err := j.f.Write(line); err != nil {
-		return fmt.Errorf("preempt: writing journal: %w", err)
-	}
-	j.torn = false
-	if sync {
-		if err := j.f.Sync(); err != nil {
-			return fmt.Errorf("preempt: syncing journal: %w", err)
-		}
-	}
+	// Kept in memory (the state file shows it) whether or not the disk
+	// takes it now: a failed write is retried, not lost.
 	replaced := false
 	for i := range j.recent {
 		if j.recent[i].ID == r.ID {
@@ -245,7 +296,108 @@ func (j *Journal) appendLocked(r Record, sync bool) error {
 		}
 	}
 	j.reindex()
+	if len(j.pending) >= maxPending {
+		j.pending = j.pending[1:]
+		j.lost++
+	}
+	j.pending = append(j.pending, pendingRecord{line: append(b, '\n'), sync: sync})
+	if err := j.flushLocked(); err != nil {
+		return fmt.Errorf("%w: %w", ErrWriteQueued, err)
+	}
 	return nil
+}
+
+// flushLocked writes the waiting records in order, each whole or not at
+// all, and stops at the first that fails (arming the retry timer).
+func (j *Journal) flushLocked() error {
+	for len(j.pending) > 0 {
+		p := j.pending[0]
+		if err := j.writeLocked(p.line, p.sync); err != nil {
+			j.failures++
+			j.lastErr, j.lastAt = err, time.Now()
+			j.armLocked()
+			return err
+		}
+		j.pending[0] = pendingRecord{}
+		j.pending = j.pending[1:]
+	}
+	j.pending = nil
+	j.wait = 0
+	return nil
+}
+
+// writeLocked appends one line. A write or fsync that fails is cut back to
+// the last whole record (ftruncate), so what is on disk is whole lines
+// only and the retry does not glue a record to a fragment.
+func (j *Journal) writeLocked(line []byte, sync bool) error {
+	if j.torn {
+		line = append([]byte{'\n'}, line...)
+	}
+	n, err := j.f.Write(line)
+	if err == nil && sync {
+		if err = j.f.Sync(); err != nil {
+			err = fmt.Errorf("syncing: %w", err)
+		}
+	}
+	if err != nil {
+		if terr := j.f.Truncate(j.size); terr != nil && n > 0 {
+			// Part of the line stays: the next record starts on a line of
+			// its own (torn); the fragment is skipped at the next start.
+			j.torn = true
+			j.size += int64(n)
+		}
+		return fmt.Errorf("preempt: writing journal: %w", err)
+	}
+	j.torn = false
+	j.size += int64(n)
+	return nil
+}
+
+// armLocked schedules a retry of the waiting records.
+func (j *Journal) armLocked() {
+	if j.timer != nil || j.closed {
+		return
+	}
+	if j.wait == 0 {
+		j.wait = retryFirst
+	} else {
+		j.wait = min(2*j.wait, retryMax)
+	}
+	j.timer = time.AfterFunc(j.wait, func() {
+		j.mu.Lock()
+		j.timer = nil
+		done := !j.closed && j.flushLocked() == nil // a failure is counted and re-armed
+		flushed := j.flushed
+		j.mu.Unlock()
+		if done && flushed != nil {
+			flushed()
+		}
+	})
+}
+
+// OnFlushed sets what is called once a retry has written every waiting
+// record (the state file's health section is rewritten).
+func (j *Journal) OnFlushed(f func()) {
+	j.mu.Lock()
+	j.flushed = f
+	j.mu.Unlock()
+}
+
+// JournalHealth is what failed: writes since open, records waiting for a
+// retry, records dropped from a full queue, and the last error.
+type JournalHealth struct {
+	Failures  uint64
+	Pending   int
+	Lost      uint64
+	LastError error
+	LastAt    time.Time
+}
+
+// Health reports the journal's failed writes.
+func (j *Journal) Health() JournalHealth {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return JournalHealth{j.failures, len(j.pending), j.lost, j.lastErr, j.lastAt}
 }
 
 // Resumed marks the newest kill record of a task as resumed (claim 6), once.
@@ -269,6 +421,33 @@ func (j *Journal) Recent() []Record {
 	return append([]Record(nil), j.recent...)
 }
 
+// FillHealth adds the journal's part to the state file's health section:
+// its failed writes, the records waiting, and its last error when newer.
+func (j *Journal) FillHealth(h *v1.Health) {
+	jh := j.Health()
+	h.JournalWriteFailures, h.JournalPending = jh.Failures, jh.Pending
+	if jh.LastError != nil && (h.LastErrorAt == nil || jh.LastAt.After(*h.LastErrorAt)) {
+		t := jh.LastAt.UTC()
+		h.LastError, h.LastErrorAt = jh.LastError.Error(), &t
+	}
+}
+
+// Close writes what still waits (one last try) and closes the file.
+func (j *Journal) Close() error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.closed = true
+	if j.timer != nil {
+		j.timer.Stop()
+		j.timer = nil
+	}
+	if err := j.flushLocked(); err != nil {
+		j.f.Close()
+		return fmt.Errorf("preempt: closing journal with %d records unwritten: %w", len(j.pending), err)
+	}
+	return j.f.Close()
+}
+
 // RecentRaw returns Recent as the state file carries it.
 func (j *Journal) RecentRaw() []v1.RawPreemption {
 	var out []v1.RawPreemption
@@ -279,9 +458,6 @@ func (j *Journal) RecentRaw() []v1.RawPreemption {
 	}
 	return out
 }
-
-// Close closes the file.
-func (j *Journal) Close() error { return j.f.Close() }
 
 // RestartOutcome is the result a restarted gpud gives a kill its
 // predecessor journaled as pending (for Resolve): the victim is gone, or

@@ -32,7 +32,9 @@ func Render(out io.Writer, f *v1.StateFile, now time.Time) error {
 	if !f.Enforcing {
 		rules = "NOT enforced"
 	}
-	fmt.Fprintf(&w, "node %s  monitoring %s  rules %s  updated %s ago\n\n", trunc(orDash(f.Node), 30), mon, rules, ago(now, f.UpdatedAt))
+	fmt.Fprintf(&w, "node %s  monitoring %s  rules %s  updated %s ago\n", trunc(orDash(f.Node), 30), mon, rules, ago(now, f.UpdatedAt))
+	renderHealth(&w, f.Health, now)
+	fmt.Fprintln(&w)
 	tw := tabwriter.NewWriter(&w, 0, 0, 1, ' ', 0)
 	fmt.Fprintln(tw, "GPU\tSTATE\tPID\tCOMM\tCONTAINER/POD\tPRIORITY\tSINCE")
 	for _, g := range f.GPUs {
@@ -63,6 +65,23 @@ func Render(out io.Writer, f *v1.StateFile, now time.Time) error {
 		return err
 	}
 	return writeFitted(out, w.String())
+}
+
+// renderHealth warns of writes that failed (a full disk): how many, how
+// many preemption records still wait to be written, and the last error.
+func renderHealth(w io.Writer, h *occupancy.Health, now time.Time) {
+	if h == nil || h.StateWriteFailures == 0 && h.JournalWriteFailures == 0 && h.JournalPending == 0 {
+		return
+	}
+	fmt.Fprintf(w, "WRITE FAILURES  state file %d, journal %d, %d records waiting (retried)\n",
+		h.StateWriteFailures, h.JournalWriteFailures, h.JournalPending)
+	if h.LastError != "" {
+		at := "-"
+		if h.LastErrorAt != nil {
+			at = ago(now, *h.LastErrorAt) + " ago"
+		}
+		fmt.Fprintf(w, "  last %s: %s\n", at, trunc(h.LastError, Width))
+	}
 }
 
 // renderLoans lists the GPUs lent to a borrower, with their owners.

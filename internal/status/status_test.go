@@ -302,3 +302,34 @@ open of GPU 1: allow (rule: free: allow) [busy, held by it]
 		t.Errorf("host process, monitoring off:\n%s", b.String())
 	}
 }
+
+// Failed writes (a full disk) are shown under the header, within 80
+// columns, the error made printable; nothing is shown while none failed.
+func TestRenderHealth(t *testing.T) {
+	f := realistic()
+	var plain bytes.Buffer
+	if err := Render(&plain, f, now); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(plain.String(), "WRITE FAILURES") {
+		t.Fatal("failures shown while none happened")
+	}
+	errAt := at(12 * time.Second)
+	f.Health = &occupancy.Health{StateWriteFailures: 3, JournalWriteFailures: 2, JournalPending: 1,
+		LastError: "no space left on device\x1b[2J" + strings.Repeat("x", 200), LastErrorAt: &errAt}
+	var out bytes.Buffer
+	if err := Render(&out, f, now); err != nil {
+		t.Fatal(err)
+	}
+	s := out.String()
+	for _, want := range []string{"WRITE FAILURES  state file 3, journal 2, 1 records waiting (retried)", "last 12s ago: no space left on device?[2J"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("missing %q in:\n%s", want, s)
+		}
+	}
+	for _, l := range strings.Split(s, "\n") {
+		if utf8.RuneCountInString(l) > Width || strings.ContainsRune(l, '\x1b') {
+			t.Errorf("line too long or unsafe: %q", l)
+		}
+	}
+}

@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -25,10 +24,11 @@ const (
 // ErrBadLabel is returned for a priority label that is neither high nor low.
 var ErrBadLabel = errors.New("priority: malformed gpud.io/priority label")
 
-// ParseLabel reads a gpud.io/priority value. ok is false when the label is
-// absent (v == "" and present == false).
+// ParseLabel reads a gpud.io/priority value: exactly high or low. Nothing
+// is trimmed: " high" or "high\n" is malformed (the README's rule), so a
+// value that only looks right never gets a class that kills or blocks.
 func ParseLabel(v string) (occupancy.Priority, error) {
-	switch strings.TrimSpace(v) {
+	switch v {
 	case "high":
 		return occupancy.High, nil
 	case "low":
