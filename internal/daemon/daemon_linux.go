@@ -289,6 +289,12 @@ func (d *Daemon) SetMonitoring(on bool) error {
 // Monitoring reports the switch.
 func (d *Daemon) Monitoring() bool { return d.monitoring.Load() }
 
+// Close releases what New set up, for a daemon that will not Run (stopped
+// during start-up): the gate is detached and unpinned unless KeepEnforcing.
+func (d *Daemon) Close() error {
+	return errors.Join(d.journal.Close(), d.mon.Close())
+}
+
 // Run works until ctx ends, then detaches everything.
 func (d *Daemon) Run(ctx context.Context) error {
 	defer d.mon.Close()
