@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/gpud/gpud/internal/httpserve"
 	"github.com/gpud/gpud/internal/occupancy"
 )
 
@@ -21,8 +22,7 @@ import (
 //	POST /v1/monitoring?on=B   the switch of patent claim 2
 //	GET  /v1/explain?pid=N     which rule applies to process N now (status.Explanation)
 type controlServer struct {
-	srv *http.Server
-	ln  net.Listener
+	srv *httpserve.Server
 }
 
 func (d *Daemon) serveControl(path string) (*controlServer, error) {
@@ -78,20 +78,10 @@ func (d *Daemon) serveControl(path string) (*controlServer, error) {
 		w.Header().Set("Content-Type", "application/json")
 		json.NewEncoder(w).Encode(e)
 	})
-	cs := &controlServer{srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}, ln: ln}
-	go func() {
-		if err := cs.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			d.log.Error("control socket", "error", err)
-		}
-	}()
-	return cs, nil
+	return &controlServer{srv: httpserve.Serve(ln, mux, d.cfg.HTTPLimits, "control socket", d.log)}, nil
 }
 
-func (c *controlServer) Close() error {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	return c.srv.Shutdown(ctx)
-}
+func (c *controlServer) Close() error { return c.srv.Close() }
 
 // ControlClient talks to a running gpud over its control socket.
 func ControlClient(socket string) *http.Client {

@@ -21,6 +21,7 @@ import (
 	"github.com/gpud/gpud/bpf"
 	"github.com/gpud/gpud/internal/cgroups"
 	"github.com/gpud/gpud/internal/deviceplugin"
+	"github.com/gpud/gpud/internal/httpserve"
 	"github.com/gpud/gpud/internal/metrics"
 	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/preempt"
@@ -74,6 +75,9 @@ type Config struct {
 
 	// MetricsAddr serves /metrics, /healthz and /readyz; "" disables.
 	MetricsAddr string
+	// HTTPLimits bound the metrics port and the control socket (connection
+	// cap, timeouts); zero fields take httpserve.Defaults.
+	HTTPLimits httpserve.Limits
 	// Version is reported in gpud_build_info.
 	Version string
 

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/gpud/gpud/bpf"
+	"github.com/gpud/gpud/internal/httpserve"
 	"github.com/gpud/gpud/internal/metrics"
 	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/preempt"
@@ -138,7 +139,7 @@ func (d *Daemon) metricsSnapshot() metrics.Snapshot {
 // the node agent's enforcement matters more than its scrape endpoint.
 func (d *Daemon) serveMetrics(ctx context.Context) {
 	for wait := time.Second; ; wait = min(2*wait, 30*time.Second) {
-		srv, err := metrics.Listen(d.cfg.MetricsAddr, d.metrics.Handler(d.Ready), d.log)
+		srv, err := httpserve.Listen(d.cfg.MetricsAddr, d.metrics.Handler(d.Ready), d.cfg.HTTPLimits, "metrics", d.log)
 		if err == nil {
 			d.log.Info("serving metrics", "addr", srv.Addr.String())
 			<-ctx.Done()

@@ -9,11 +9,7 @@
 package metrics
 
 import (
-	"context"
-	"errors"
 	"fmt"
-	"log/slog"
-	"net"
 	"net/http"
 	"sort"
 	"strconv"
@@ -246,32 +242,4 @@ func (m *Metrics) Handler(ready func() bool) http.Handler {
 		fmt.Fprintln(w, "ready")
 	})
 	return mux
-}
-
-// Server is the listening metrics endpoint.
-type Server struct {
-	srv  *http.Server
-	Addr net.Addr // where it listens (":0" picks a port)
-}
-
-// Listen binds addr and serves h in the background until Close.
-func Listen(addr string, h http.Handler, log *slog.Logger) (*Server, error) {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("metrics: listen %s: %w", addr, err)
-	}
-	s := &Server{srv: &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}, Addr: ln.Addr()}
-	go func() {
-		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("metrics endpoint", "error", err)
-		}
-	}()
-	return s, nil
-}
-
-// Close stops serving.
-func (s *Server) Close() error {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	return s.srv.Shutdown(ctx)
 }
