@@ -190,4 +190,3 @@ func TestConnectionFlood(t *testing.T) {
 			})
 	})
 }
-
