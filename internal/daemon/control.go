@@ -41,6 +41,7 @@ func (d *Daemon) serveControl(path string) (*controlServer, error) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/state", func(w http.ResponseWriter, r *http.Request) {
 		f := occupancy.Render(d.ledger.Snapshot(time.Now()), d.cfg.NodeName, d.monitoring.Load())
+		occupancy.MarkEnforced(&f, d.enforced)
 		w.Header().Set("Content-Type", "application/json")
 		json.NewEncoder(w).Encode(&f)
 	})

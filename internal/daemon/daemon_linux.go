@@ -176,9 +176,17 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	d.mon.KeepGate(cfg.KeepEnforcing)
 	devs := map[uint32]uint32{}
 	for _, g := range gpus {
-		devs[bpf.KernelDev(g.Major, g.Minor)] = uint32(g.Index)
+		if len(g.Aliases) > 0 {
+			log.Warn("device nodes of one GPU merged", "gpu", g.Index, "device", g.Device, "aliases", g.Aliases)
+		}
+		if dev, ok := bpf.KernelDev(g.Major, g.Minor); ok {
+			devs[dev] = uint32(g.Index)
+		}
 	}
-	if err := d.mon.SetGPUs(devs); err != nil {
+	if err := d.mon.SetGPUs(devs); errors.Is(err, bpf.ErrUnprotected) {
+		// Shown as not enforced (state file, status, gpud_gpu_enforced).
+		log.Error("GPUs the gate cannot protect: their opens are not judged", "error", err)
+	} else if err != nil {
 		d.mon.Close()
 		return nil, err
 	}
@@ -219,7 +227,7 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	}
 	d.writer = &occupancy.Writer{
 		Path: cfg.StateFile, Node: cfg.NodeName, Ledger: d.ledger, Log: log,
-		Monitoring: d.monitoring.Load,
+		Monitoring: d.monitoring.Load, Enforced: d.enforced,
 		Preemptions: func() []occupancy.Preemption {
 			var out []occupancy.Preemption
 			for _, r := range d.journal.Recent() {
@@ -253,6 +261,9 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 		"monitoring", d.monitoring.Load(), "enforcing", cfg.Enforce, "nvml", d.nvml != nil, "holders", len(d.ledger.FDTable()))
 	return d, nil
 }
+
+// enforced reports whether the gate applies the rules to gpu's opens.
+func (d *Daemon) enforced(gpu int) bool { return d.cfg.Enforce && d.mon.Protected(uint32(gpu)) }
 
 // Ledger exposes the ledger (tests and benchmarks).
 func (d *Daemon) Ledger() *occupancy.Ledger { return d.ledger }
@@ -513,8 +524,7 @@ func (d *Daemon) setupEnforcement(cgroupRoot string) error {
 			}
 		},
 		Holds: func(pid, gpu int) bool {
-			fds, err := d.tracker.Proc.GPUFDs(pid)
-			return err == nil && len(fds[gpu]) > 0
+			return d.tracker.Proc.HoldsGPU(pid, gpu, d.ledger.FDs(pid, gpu))
 		},
 	}
 	ttl := cfg.ReservationTTL

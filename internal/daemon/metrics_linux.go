@@ -24,29 +24,26 @@ const (
 // the tracker and executor; it runs before either starts.
 func (d *Daemon) setupMetrics() {
 	d.metrics = metrics.New(d.cfg.Version, d.metricsSnapshot)
-	maxIdx := -1
-	for _, g := range d.gpus {
-		maxIdx = max(maxIdx, g.Index)
-	}
-	// Counters per GPU index, looked up once: the open path is hot.
-	allow := make([]prometheus.Counter, maxIdx+1)
-	deny := make([]prometheus.Counter, maxIdx+1)
+	// Counters per GPU index, looked up once: the open path is hot. Maps,
+	// not slices: an index is any minor number (nvidia1048575).
+	allow := map[int]prometheus.Counter{}
+	deny := map[int]prometheus.Counter{}
 	for _, g := range d.gpus {
 		allow[g.Index] = d.metrics.Opens(g.Index, g.UUID, metrics.VerdictAllow)
 		deny[g.Index] = d.metrics.Opens(g.Index, g.UUID, metrics.VerdictDeny)
 	}
 	opened, gate := d.tracker.Opened, d.tracker.Gate
 	d.tracker.Opened = func(info occupancy.ProcInfo, gpu int, ev *bpf.Event) {
-		if gpu >= 0 && gpu < len(allow) && allow[gpu] != nil {
-			allow[gpu].Inc()
+		if c := allow[gpu]; c != nil {
+			c.Inc()
 		}
 		if opened != nil {
 			opened(info, gpu, ev)
 		}
 	}
 	d.tracker.Gate = func(ev *bpf.Event) {
-		if gpu := int(ev.GPU); ev.Type == bpf.EventDeny && gpu < len(deny) && deny[gpu] != nil {
-			deny[gpu].Inc()
+		if c := deny[int(ev.GPU)]; ev.Type == bpf.EventDeny && c != nil {
+			c.Inc()
 		}
 		if gate != nil {
 			gate(ev)
@@ -93,7 +90,7 @@ func (d *Daemon) metricsSnapshot() metrics.Snapshot {
 		Enforcing:  d.cfg.Enforce,
 	}
 	for _, g := range f.GPUs {
-		mg := metrics.GPU{Index: g.Index, UUID: g.UUID, Device: g.Device, State: string(g.State)}
+		mg := metrics.GPU{Index: g.Index, UUID: g.UUID, Device: g.Device, State: string(g.State), Enforced: d.enforced(g.Index)}
 		if g.IdleSince != nil {
 			mg.IdleSeconds = now.Sub(*g.IdleSince).Seconds()
 		}

@@ -37,6 +37,7 @@ type GPU struct {
 	State       string // free | busy | idle | lent
 	IdleSeconds float64
 	Holders     []Holder // one per process holding the GPU
+	Enforced    bool     // the gate applies the priority rules to its opens
 }
 
 // Holder is one process holding a GPU, named by its workload.
@@ -82,6 +83,7 @@ type Metrics struct {
 	gpuInfo, gpuState, idle, holders, workloadHolders *prometheus.Desc
 	events, dropped, resyncs, registered, regs        *prometheus.Desc
 	lent, malformed, monitoring, enforcing            *prometheus.Desc
+	gpuEnforced                                       *prometheus.Desc
 }
 
 func desc(name, help string, labels ...string) *prometheus.Desc {
@@ -124,6 +126,7 @@ func New(version string, src Source) *Metrics {
 		malformed:       desc("malformed_labels_total", "Workloads seen with a malformed gpud.io/priority label (each once)."),
 		monitoring:      desc("monitoring_enabled", "1 while kernel monitoring is switched on."),
 		enforcing:       desc("enforcing", "1 while the kernel gate enforces the priority rules."),
+		gpuEnforced:     desc("gpu_enforced", "1 while the kernel gate applies the priority rules to the GPU's opens; 0 under --enforce=false or when the gate cannot protect this GPU (see gpud's log).", "gpu", "UUID"),
 	}
 	m.reg.MustRegister(m.opens, m.preemptions, m.latency, m.buildInfo, collector{m},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -159,7 +162,7 @@ type collector struct{ m *Metrics }
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	m := c.m
 	for _, d := range []*prometheus.Desc{m.gpuInfo, m.gpuState, m.idle, m.holders, m.workloadHolders,
-		m.events, m.dropped, m.resyncs, m.registered, m.regs, m.lent, m.malformed, m.monitoring, m.enforcing} {
+		m.events, m.dropped, m.resyncs, m.registered, m.regs, m.lent, m.malformed, m.monitoring, m.enforcing, m.gpuEnforced} {
 		ch <- d
 	}
 }
@@ -187,6 +190,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 			gauge(m.gpuState, b2f(g.State == st), idx, g.UUID, st)
 		}
 		gauge(m.idle, g.IdleSeconds, idx, g.UUID)
+		gauge(m.gpuEnforced, b2f(g.Enforced), idx, g.UUID)
 		byPrio := map[string]int{}
 		type wl struct{ ns, pod, ctr, prio string }
 		byWorkload := map[wl]int{}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 )
 
@@ -36,6 +37,12 @@ type StateGPU struct {
 	Owner     string        `json:"owner"`
 	Borrower  string        `json:"borrower"`
 	Holders   []StateHolder `json:"holders"`
+	// Aliases are other device nodes of this GPU (same major:minor).
+	Aliases []string `json:"aliases,omitempty"`
+	// Enforced says whether the kernel gate applies the priority rules to
+	// this GPU's opens now: false under --enforce=false, and for a GPU the
+	// gate cannot protect. Absent in files of gpuds before it.
+	Enforced *bool `json:"enforced,omitempty"`
 }
 
 // StateHolder is one process holding a GPU.
@@ -60,7 +67,8 @@ func Render(s Snapshot, node string, monitoring bool) StateFile {
 		GPUs: []StateGPU{}, Preemptions: []Preemption{},
 	}
 	for _, g := range s.GPUs {
-		sg := StateGPU{Index: g.Index, UUID: g.UUID, Device: g.Device, State: g.State, Holders: []StateHolder{}}
+		sg := StateGPU{Index: g.Index, UUID: g.UUID, Device: g.Device, State: g.State, Holders: []StateHolder{},
+			Aliases: slices.Clone(g.Aliases)}
 		if g.State == Idle {
 			t := g.LastActive.UTC()
 			sg.IdleSince = &t
@@ -78,6 +86,14 @@ func Render(s Snapshot, node string, monitoring bool) StateFile {
 		f.GPUs = append(f.GPUs, sg)
 	}
 	return f
+}
+
+// MarkEnforced sets each GPU's Enforced from enforced (by GPU index).
+func MarkEnforced(f *StateFile, enforced func(gpu int) bool) {
+	for i := range f.GPUs {
+		e := enforced(f.GPUs[i].Index)
+		f.GPUs[i].Enforced = &e
+	}
 }
 
 // WriteStateFile writes f to path atomically: a temporary file in the same

@@ -19,6 +19,8 @@ type Writer struct {
 	Preemptions func() []Preemption
 	// Decorate, when set, adds what the ledger does not know (loans).
 	Decorate func(*StateFile)
+	// Enforced, when set, tells whether the gate protects a GPU (by index).
+	Enforced func(gpu int) bool
 	Log      *slog.Logger
 
 	kick    chan struct{}
@@ -65,6 +67,9 @@ func (w *Writer) write() {
 	f := Render(snap, w.Node, w.Monitoring == nil || w.Monitoring())
 	if w.Preemptions != nil {
 		f.Preemptions = w.Preemptions()
+	}
+	if w.Enforced != nil {
+		MarkEnforced(&f, w.Enforced)
 	}
 	if w.Decorate != nil {
 		w.Decorate(&f)

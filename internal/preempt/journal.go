@@ -229,16 +229,47 @@ func (j *Journal) Resolve(outcome func(Record) string) (int, error) {
 }
 
 func (j *Journal) appendLocked(r Record, sync bool) error {
-	b, err := json.Marshal(r)
-	if err != nil {
-		return fmt.Errorf("preempt: encoding record: %w", err)
+	return j.writeLocked([]Record{r}, sync)
+}
+
+// NoteAll writes records in one write, without waiting for the disk: the
+// intents of a batch of kills (many victims of one decision), all before
+// the first signal.
+func (j *Journal) NoteAll(rs []Record) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.writeLocked(rs, false)
+}
+
+// AppendAll writes records durably with one write and one fsync: the
+// outcomes of a batch of kills.
+func (j *Journal) AppendAll(rs []Record) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.writeLocked(rs, true)
+}
+
+// writeLocked appends rs as one write (so a batch is not interleaved with
+// other records) and, with sync, one fsync; then keeps them among the
+// recent ones.
+func (j *Journal) writeLocked(rs []Record, sync bool) error {
+	if len(rs) == 0 {
+		return nil
 	}
-	line := append(b, '\n')
+	var buf bytes.Buffer
 	if j.torn {
-		line = append([]byte{'\n'}, line...)
+		buf.WriteByte('\n')
 	}
-	if _, err := j.f.Write(line); err != nil {
-		return fmt.Errorf("preempt: writing journal: %w", err)
+	for _, r := range rs {
+		b, err := json.Marshal(r)
+		if err != nil {
+			return fmt.Errorf("preempt: encoding record %s: %w", r.ID, err)
+		}
+		buf.Write(b)
+		buf.WriteByte('\n')
+	}
+	if _, err := j.f.Write(buf.Bytes()); err != nil {
+		return fmt.Errorf("preempt: writing journal (%d records): %w", len(rs), err)
 	}
 	j.torn = false
 	if sync {
@@ -246,17 +277,20 @@ func (j *Journal) appendLocked(r Record, sync bool) error {
 			return fmt.Errorf("preempt: syncing journal: %w", err)
 		}
 	}
-	replaced := false
-	for i := range j.recent {
-		if j.recent[i].ID == r.ID {
-			j.recent[i], replaced = r, true
-		}
+	index := make(map[string]int, len(j.recent))
+	for i, r := range j.recent {
+		index[r.ID] = i
 	}
-	if !replaced {
-		j.recent = append(j.recent, r)
-		if len(j.recent) > j.keep {
-			j.recent = j.recent[len(j.recent)-j.keep:]
+	for _, r := range rs {
+		if i, ok := index[r.ID]; ok {
+			j.recent[i] = r
+			continue
 		}
+		j.recent = append(j.recent, r)
+		index[r.ID] = len(j.recent) - 1
+	}
+	if len(j.recent) > j.keep {
+		j.recent = append([]Record(nil), j.recent[len(j.recent)-j.keep:]...)
 	}
 	j.reindex()
 	return nil

@@ -51,6 +51,7 @@ func Render(out io.Writer, f *occupancy.StateFile, now time.Time) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	renderUnenforced(&w, f.GPUs)
 	if err := renderLoans(&w, f.GPUs); err != nil {
 		return err
 	}
@@ -58,6 +59,20 @@ func Render(out io.Writer, f *occupancy.StateFile, now time.Time) error {
 		return err
 	}
 	return writeFitted(out, w.String())
+}
+
+// renderUnenforced names the GPUs whose opens the gate does not judge
+// (files from gpuds that did not say are silent).
+func renderUnenforced(w io.Writer, gpus []occupancy.StateGPU) {
+	var off []string
+	for _, g := range gpus {
+		if g.Enforced != nil && !*g.Enforced {
+			off = append(off, fmt.Sprint(g.Index))
+		}
+	}
+	if len(off) > 0 {
+		fmt.Fprintf(w, "\nNOT ENFORCED (the priority rules are not applied to their opens): GPU %s\n", strings.Join(off, ", "))
+	}
 }
 
 // renderLoans lists the GPUs lent to a borrower, with their owners.
