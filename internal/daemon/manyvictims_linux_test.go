@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -54,7 +55,8 @@ func startManyVictims(tb testing.TB, prefix string) *manyVictims {
 	done := make(chan error, 1)
 	go func() { done <- d.Run(ctx) }()
 	waitFor(tb, d.Ready)
-	m := &manyVictims{d: d, stateDir: dir, gpu: gpu, stop: func() { cancel(); <-done }}
+	var once sync.Once
+	m := &manyVictims{d: d, stateDir: dir, gpu: gpu, stop: func() { once.Do(func() { cancel(); <-done }) }}
 	tb.Cleanup(m.stop)
 	hdir, hid := testCgroup(tb, prefix+"high")
 	ldir, lid := testCgroup(tb, prefix+"low")
