@@ -406,6 +406,12 @@ func (m *Monitor) SetGPUPolicy(gpu uint32, p GPUPolicy, confirmedMono uint64) er
 	if !ok {
 		return fmt.Errorf("%w: GPU %d is not tracked", ErrUnprotected, gpu)
 	}
+	if !m.tracked[gpu] {
+		// SetGPUs could not give it entries: it reported that once, and
+		// Protected shows it. Failing here on every sync would only repeat
+		// it in the log.
+		return nil
+	}
 	v := gpudGpuPol{High: p.High, Low: p.Low, ReservedCgroup: p.ReservedCgroup, ReservedUntilNs: p.ReservedUntil}
 	// UpdateExist: the entries are SetGPUs', never created here.
 	if err := m.objs.GpuPolicy.Update(dev, v, ebpf.UpdateExist); err != nil {
