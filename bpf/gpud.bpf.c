@@ -39,10 +39,14 @@ volatile __u64 pending_marks = 0; // GPU opens marked by the gate, not yet seen 
 volatile __u64 dropped = 0;       // events lost because the ring buffer was full
 volatile __u64 scm_armed_until = 0; // a holder sent control data: watch recvmsg until then
 
+// Every per-GPU map is keyed by the GPU's kernel dev_t (major << 20 |
+// minor), whatever its minor number or node name: a GPU is its device
+// number. The value here is the GPU's index as user space names it, for
+// events only.
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 256);
-	__type(key, __u32);   // kernel dev_t: major << 20 | minor
+	__uint(max_entries, MAX_GPUS);
+	__type(key, __u32);   // kernel dev_t
 	__type(value, __u32); // GPU index
 } gpu_devs SEC(".maps");
 
@@ -50,8 +54,11 @@ struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 16384);
 	__type(key, __u64);   // task_struct pointer of an opener
-	__type(value, __u32); // GPU index it is opening
+	__type(value, __u32); // MARK_* flags
 } pending SEC(".maps");
+
+#define MARK_GPU 1  // the task is opening a GPU
+#define MARK_HIGH 2 // ... as a high-priority opener
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -67,10 +74,13 @@ struct {
 	__type(value, __u32); // enum prio
 } cgroup_prio SEC(".maps");
 
+// User space creates a GPU's entries here, in gpu_high_mark and in
+// gpu_confirmed before its gpu_devs entry; a GPU tracked without them is
+// one user space shows as not enforced.
 struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, MAX_GPUS);
-	__type(key, __u32);
+	__type(key, __u32); // kernel dev_t
 	__type(value, struct gpu_pol);
 } gpu_policy SEC(".maps");
 
@@ -97,18 +107,18 @@ struct {
 // what user space has confirmed in gpu_confirmed, so the GPU counts as held
 // by high priority from the decision on, before user space hears of it.
 struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, MAX_GPUS);
-	__type(key, __u32);
+	__type(key, __u32); // kernel dev_t
 	__type(value, __u64);
 } gpu_high_mark SEC(".maps");
 
 // Written by user space only, after gpu_policy: events up to this time
 // (CLOCK_MONOTONIC) are reflected in gpu_policy.
 struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, MAX_GPUS);
-	__type(key, __u32);
+	__type(key, __u32); // kernel dev_t
 	__type(value, __u64);
 } gpu_confirmed SEC(".maps");
 
@@ -155,8 +165,9 @@ static __always_inline int is_consumer(__u32 tgid)
 	return 0;
 }
 
-// fd_gpu returns the GPU index behind fd of task t, or -1.
-static __always_inline int fd_gpu(struct task_struct *t, long fd)
+// fd_gpu returns the GPU index behind fd of task t, or -1; *dev gets the
+// GPU's dev_t.
+static __always_inline int fd_gpu(struct task_struct *t, long fd, __u32 *dev)
 {
 	struct files_struct *files = BPF_CORE_READ(t, files);
 	if (!files)
@@ -179,7 +190,10 @@ static __always_inline int fd_gpu(struct task_struct *t, long fd)
 		return -1;
 	__u32 rdev = BPF_CORE_READ(ino, i_rdev);
 	__u32 *gpu = bpf_map_lookup_elem(&gpu_devs, &rdev);
-	return gpu ? (int)*gpu : -1;
+	if (!gpu)
+		return -1;
+	*dev = rdev;
+	return (int)*gpu;
 }
 
 static __always_inline void emit_cg(__u32 type, __u32 pid, __u32 tgid, __u32 ppid, __s32 fd, __s32 gpu, __u64 cgroup_id)
@@ -265,13 +279,13 @@ int gpud_gate(struct bpf_cgroup_dev_ctx *ctx)
 	if (!gpup)
 		return 1;
 	__u32 gpu = *gpup;
-	__u32 mark = gpu; // low 16 bits: GPU; bit 16: a high-priority opener
+	__u32 mark = MARK_GPU;
 
 	__u64 now = bpf_ktime_get_ns();
 	if (enforcing && now - heartbeat_ns < fail_open_after_ns) {
-		struct gpu_pol *pol = bpf_map_lookup_elem(&gpu_policy, &gpu);
-		__u64 *hmark = bpf_map_lookup_elem(&gpu_high_mark, &gpu);
-		__u64 *conf = bpf_map_lookup_elem(&gpu_confirmed, &gpu);
+		struct gpu_pol *pol = bpf_map_lookup_elem(&gpu_policy, &rdev);
+		__u64 *hmark = bpf_map_lookup_elem(&gpu_high_mark, &rdev);
+		__u64 *conf = bpf_map_lookup_elem(&gpu_confirmed, &rdev);
 		if (pol && hmark && conf) {
 			int reserved_ok = 0;
 			__u64 matched = 0;
@@ -279,7 +293,7 @@ int gpud_gate(struct bpf_cgroup_dev_ctx *ctx)
 			__u32 prio = classify(reserved, &reserved_ok, &matched);
 			if (prio == PRIO_HIGH) {
 				*hmark = now;
-				mark |= 1 << 16;
+				mark |= MARK_HIGH;
 				if (pol->low)
 					gate_event(EV_GATE_HIGH, gpu, matched);
 			} else if (prio == PRIO_LOW) {
@@ -338,16 +352,16 @@ static __always_inline int on_open_exit(long ret)
 	__u32 tgid = id >> 32;
 	if (is_consumer(tgid))
 		return 0;
-	int gpu = fd_gpu((struct task_struct *)task, ret);
+	__u32 dev = 0;
+	int gpu = fd_gpu((struct task_struct *)task, ret, &dev);
 	if (gpu < 0)
 		return 0;
 	mark_holder(tgid);
 	emit(EV_OPEN, (__u32)id, tgid, 0, ret, gpu);
-	if (mark & (1 << 16)) {
+	if (mark & MARK_HIGH) {
 		// Marked again after the event is queued: user space cannot confirm
 		// past this mark before it has read the event.
-		__u32 g = gpu;
-		__u64 *hmark = bpf_map_lookup_elem(&gpu_high_mark, &g);
+		__u64 *hmark = bpf_map_lookup_elem(&gpu_high_mark, &dev);
 		if (hmark)
 			*hmark = bpf_ktime_get_ns();
 	}
@@ -367,7 +381,8 @@ static __always_inline int on_new_fd(long ret, int holders_only)
 		return 0;
 	if (is_consumer(tgid))
 		return 0;
-	int gpu = fd_gpu((struct task_struct *)bpf_get_current_task(), ret);
+	__u32 dev = 0;
+	int gpu = fd_gpu((struct task_struct *)bpf_get_current_task(), ret, &dev);
 	if (gpu < 0)
 		return 0;
 	mark_holder(tgid);
@@ -398,7 +413,8 @@ static __always_inline int enter_close(unsigned long fd_arg)
 	if (!bpf_map_lookup_elem(&holders, &tgid))
 		return 0;
 	long fd = (long)(int)fd_arg;
-	int gpu = fd_gpu((struct task_struct *)bpf_get_current_task(), fd);
+	__u32 dev = 0;
+	int gpu = fd_gpu((struct task_struct *)bpf_get_current_task(), fd, &dev);
 	if (gpu < 0 || is_consumer(tgid))
 		return 0;
 	emit(EV_CLOSE, (__u32)id, tgid, 0, fd, gpu);

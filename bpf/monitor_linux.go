@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -90,6 +91,11 @@ type Monitor struct {
 	pinDir   string
 	adopted  bool // gate is a previous gpud's pinned link, still running its program
 	keepGate bool // Close leaves the pinned gate attached
+
+	gmu       sync.Mutex
+	devOf     map[uint32]uint32 // GPU index → kernel dev_t
+	tracked   map[uint32]bool   // GPU index → tracked with all its entries
+	protected map[uint32]bool   // ... and its last policy update went through
 }
 
 // Load loads gpud's programs into the kernel and attaches them: the
@@ -289,12 +295,33 @@ func Uninstall(pinDir string) error {
 	return nil
 }
 
-// KernelDev encodes a device number as the kernel's dev_t (20-bit minor).
-func KernelDev(major, minor uint32) uint32 { return major<<20 | minor }
+// KernelDev encodes a device number as the kernel's dev_t (12-bit major,
+// 20-bit minor); false for numbers no Linux kernel gives a device node.
+func KernelDev(major, minor uint32) (uint32, bool) {
+	if major > 0xfff || minor > 0xfffff {
+		return 0, false
+	}
+	return major<<20 | minor, true
+}
 
-// SetGPUs replaces the set of tracked GPU device numbers: kernel dev_t
-// (see KernelDev) to GPU index.
+// MaxGPUs is how many GPU devices the gate's maps hold (MAX_GPUS in
+// headers/gpud.h).
+const MaxGPUs = 256
+
+// ErrUnprotected marks GPUs the gate cannot protect: their opens are not
+// judged (and, when not even tracked, not observed).
+var ErrUnprotected = errors.New("bpf: GPU not protected by the gate")
+
+// SetGPUs replaces the set of tracked GPU devices: kernel dev_t (see
+// KernelDev) to GPU index. The gate knows a GPU by its dev_t alone, in every
+// map, whatever its minor number or index. A GPU's policy entries are
+// created before the GPU is tracked, so the gate never meets a tracked GPU
+// without them; a GPU whose entries cannot be created is reported in an
+// error wrapping ErrUnprotected (the others are set) and Protected says
+// false for it.
 func (m *Monitor) SetGPUs(devs map[uint32]uint32) error {
+	m.gmu.Lock()
+	defer m.gmu.Unlock()
 	var stale []uint32
 	var k, v uint32
 	it := m.objs.GpuDevs.Iterate()
@@ -307,16 +334,54 @@ func (m *Monitor) SetGPUs(devs map[uint32]uint32) error {
 		return fmt.Errorf("bpf: reading GPU devices: %w", err)
 	}
 	for _, k := range stale {
-		if err := m.objs.GpuDevs.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("bpf: removing GPU device %#x: %w", k, err)
+		for _, mp := range []*ebpf.Map{m.objs.GpuDevs, m.objs.GpuPolicy, m.objs.GpuHighMark, m.objs.GpuConfirmed} {
+			if err := mp.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				return fmt.Errorf("bpf: removing GPU device %#x: %w", k, err)
+			}
 		}
 	}
-	for k, v := range devs {
-		if err := m.objs.GpuDevs.Put(k, v); err != nil {
-			return fmt.Errorf("bpf: adding GPU device %#x: %w", k, err)
+	m.devOf, m.tracked, m.protected = map[uint32]uint32{}, map[uint32]bool{}, map[uint32]bool{}
+	var errs []error
+	for dev, idx := range devs {
+		m.devOf[idx] = dev
+		err := m.addGPU(dev, idx)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("GPU %d (device %d:%d): %w", idx, dev>>20, dev&0xfffff, err))
+			continue
 		}
+		m.tracked[idx], m.protected[idx] = true, true
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("%w: %w", ErrUnprotected, errors.Join(errs...))
 	}
 	return nil
+}
+
+// addGPU creates dev's policy entries (kept when they exist), then tracks
+// it.
+func (m *Monitor) addGPU(dev, idx uint32) error {
+	var zero gpudGpuPol
+	for _, e := range []struct {
+		mp  *ebpf.Map
+		val any
+	}{{m.objs.GpuPolicy, zero}, {m.objs.GpuHighMark, uint64(0)}, {m.objs.GpuConfirmed, uint64(0)}} {
+		if err := e.mp.Update(dev, e.val, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
+			return fmt.Errorf("gate map %s: %w", e.mp, err)
+		}
+	}
+	if err := m.objs.GpuDevs.Put(dev, idx); err != nil {
+		return fmt.Errorf("tracking the device: %w", err)
+	}
+	return nil
+}
+
+// Protected reports whether the gate judges opens of GPU index gpu: its
+// device is tracked with all its policy entries, and its last policy
+// update went through.
+func (m *Monitor) Protected(gpu uint32) bool {
+	m.gmu.Lock()
+	defer m.gmu.Unlock()
+	return m.protected[gpu]
 }
 
 // SetMonitoring flips the kernel switch (patent claim 2).
@@ -459,13 +524,29 @@ type GPUPolicy struct {
 // confirmedMono are reflected in it (in that order: the gate must never see
 // the confirmation without the counts).
 func (m *Monitor) SetGPUPolicy(gpu uint32, p GPUPolicy, confirmedMono uint64) error {
+	m.gmu.Lock()
+	defer m.gmu.Unlock()
+	dev, ok := m.devOf[gpu]
+	if !ok {
+		return fmt.Errorf("%w: GPU %d is not tracked", ErrUnprotected, gpu)
+	}
+	if !m.tracked[gpu] {
+		// SetGPUs could not give it entries: it reported that once, and
+		// Protected shows it. Failing here on every sync would only repeat
+		// it in the log.
+		return nil
+	}
 	v := gpudGpuPol{High: p.High, Low: p.Low, ReservedCgroup: p.ReservedCgroup, ReservedUntilNs: p.ReservedUntil}
-	if err := m.objs.GpuPolicy.Put(gpu, v); err != nil {
-		return fmt.Errorf("bpf: GPU %d policy: %w", gpu, err)
+	// UpdateExist: the entries are SetGPUs', never created here.
+	if err := m.objs.GpuPolicy.Update(dev, v, ebpf.UpdateExist); err != nil {
+		m.protected[gpu] = false
+		return fmt.Errorf("%w: GPU %d policy: %w", ErrUnprotected, gpu, err)
 	}
-	if err := m.objs.GpuConfirmed.Put(gpu, confirmedMono); err != nil {
-		return fmt.Errorf("bpf: GPU %d confirmation: %w", gpu, err)
+	if err := m.objs.GpuConfirmed.Update(dev, confirmedMono, ebpf.UpdateExist); err != nil {
+		m.protected[gpu] = false
+		return fmt.Errorf("%w: GPU %d confirmation: %w", ErrUnprotected, gpu, err)
 	}
+	m.protected[gpu] = m.tracked[gpu]
 	return nil
 }
 

@@ -24,7 +24,8 @@ func loadMonitor(t *testing.T, gpus []testutil.FakeGPU) *bpf.Monitor {
 	t.Cleanup(func() { m.Close() })
 	devs := map[uint32]uint32{}
 	for _, g := range gpus {
-		devs[bpf.KernelDev(g.Major, g.Minor)] = uint32(g.Index)
+		dev, _ := bpf.KernelDev(g.Major, g.Minor)
+		devs[dev] = uint32(g.Index)
 	}
 	if err := m.SetGPUs(devs); err != nil {
 		t.Fatal(err)

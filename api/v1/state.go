@@ -55,6 +55,13 @@ type StateGPU struct {
 	Owner     string        `json:"owner"`
 	Borrower  string        `json:"borrower"`
 	Holders   []StateHolder `json:"holders"`
+	// Aliases are other device nodes of this GPU (same major:minor).
+	Aliases []string `json:"aliases,omitempty"`
+	// Enforced says whether the kernel gate applies the priority rules to
+	// this GPU's opens now: false under --enforce=false or with monitoring
+	// off, and for a GPU the gate cannot protect. Absent in files of
+	// gpuds before it.
+	Enforced *bool `json:"enforced,omitempty"`
 }
 
 // StateHolder is one process holding a GPU.

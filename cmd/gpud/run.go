@@ -182,6 +182,12 @@ func cmdRun(args []string) error {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
+	// Caught from here on, not only once gpud runs: a SIGTERM's default
+	// action during start-up would end gpud with its gate attached and
+	// pinned (with --keep-enforcing=false nothing may outlive gpud). A stop
+	// asked for while starting is honoured once start-up returns.
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
 
 	o, s, err := loadRun(args, config.Sources{})
 	if err != nil {
@@ -215,13 +221,15 @@ func cmdRun(args []string) error {
 		}
 		return err
 	}
+	if ctx.Err() != nil {
+		log.Info("stopped during start-up")
+		return d.Close()
+	}
 	if s.Explicit("monitoring") && d.Monitoring() != o.monitoring {
 		if err := d.SetMonitoring(o.monitoring); err != nil {
-			return fmt.Errorf("run: monitoring switch: %w", err)
+			return errors.Join(fmt.Errorf("run: monitoring switch: %w", err), d.Close())
 		}
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
 	r := &reloader{args: args, d: d, log: log, level: level, running: compared(s)}
 	go func() {
 		for {

@@ -4,7 +4,6 @@
 package control
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,10 +13,10 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"time"
 
 	v1 "github.com/gpud/gpud/api/v1"
 	"github.com/gpud/gpud/internal/gate"
+	"github.com/gpud/gpud/internal/httpserve"
 	"github.com/gpud/gpud/internal/safefs"
 )
 
@@ -31,14 +30,13 @@ type Daemon interface {
 
 // Server is the control socket's server.
 type Server struct {
-	srv  *http.Server
-	ln   net.Listener
+	srv  *httpserve.Server
 	path string
 }
 
 // Serve serves d's control API at path until Close; a stale socket there
 // is replaced.
-func Serve(path string, d Daemon, log *slog.Logger) (*Server, error) {
+func Serve(path string, d Daemon, limits httpserve.Limits, log *slog.Logger) (*Server, error) {
 	ln, err := listenPrivate(path)
 	if err != nil {
 		return nil, fmt.Errorf("control socket: %w", err)
@@ -83,20 +81,12 @@ func Serve(path string, d Daemon, log *slog.Logger) (*Server, error) {
 		w.Header().Set("Content-Type", "application/json")
 		json.NewEncoder(w).Encode(e)
 	})
-	cs := &Server{srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}, ln: ln, path: path}
-	go func() {
-		if err := cs.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("control socket", "error", err)
-		}
-	}()
-	return cs, nil
+	return &Server{srv: httpserve.Serve(ln, mux, limits, "control socket", log), path: path}, nil
 }
 
-// Close stops serving.
+// Close stops serving and removes the socket.
 func (c *Server) Close() error {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	err := c.srv.Shutdown(ctx)
+	err := c.srv.Close()
 	os.Remove(c.path)
 	return err
 }

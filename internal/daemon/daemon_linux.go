@@ -23,6 +23,7 @@ import (
 	"github.com/gpud/gpud/internal/deviceplugin"
 	"github.com/gpud/gpud/internal/deviceplugin/lending"
 	"github.com/gpud/gpud/internal/gate"
+	"github.com/gpud/gpud/internal/httpserve"
 	"github.com/gpud/gpud/internal/metrics"
 	"github.com/gpud/gpud/internal/nvidia"
 	"github.com/gpud/gpud/internal/occupancy"
@@ -40,6 +41,9 @@ type Config struct {
 	// NVML overrides the driver's library (tests inject nvidia.NVML over
 	// go-nvml's mock); used when set or when UseNVML is.
 	NVML nvidia.Library
+	// HTTPLimits bound the metrics port and the control socket (connection
+	// cap, timeouts); zero fields take httpserve's defaults.
+	HTTPLimits httpserve.Limits
 }
 
 // Daemon is a running gpud.
@@ -106,7 +110,7 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 			return nil, err
 		}
 	}
-	if d.mon, err = loadKernel(cfg.Run, root, gpus, d.monitoring.Load()); err != nil {
+	if d.mon, err = loadKernel(cfg.Run, root, gpus, d.monitoring.Load(), log); err != nil {
 		return nil, err
 	}
 	d.ledger = occupancy.NewLedger(gpus, cfg.IdleAfter)
@@ -183,12 +187,21 @@ func (d *Daemon) openNVML() {
 	}
 }
 
+// enforced reports whether the gate applies the rules to gpu's opens now.
+func (d *Daemon) enforced(gpu int) bool { return d.enforcing() && d.mon.Protected(uint32(gpu)) }
+
 // loadKernel loads and attaches the kernel programs; gpud's own cgroup is
 // exempt from the gate unless it is the root, which would exempt the host.
-func loadKernel(cfg config.Run, root string, gpus []occupancy.GPU, monitoring bool) (*bpf.Monitor, error) {
+// A GPU the gate cannot protect is said, and shown as not enforced.
+func loadKernel(cfg config.Run, root string, gpus []occupancy.GPU, monitoring bool, log *slog.Logger) (*bpf.Monitor, error) {
 	devs := map[uint32]uint32{}
 	for _, g := range gpus {
-		devs[bpf.KernelDev(g.Major, g.Minor)] = uint32(g.Index)
+		if len(g.Aliases) > 0 {
+			log.Warn("device nodes of one GPU merged", "gpu", g.Index, "device", g.Device, "aliases", g.Aliases)
+		}
+		if dev, ok := bpf.KernelDev(g.Major, g.Minor); ok {
+			devs[dev] = uint32(g.Index)
+		}
 	}
 	selfCgroup := uint64(0)
 	if info, err := cgroups.ReadProc(os.Getpid()); err == nil && info.V2Path != "/" && info.V2Path != "" {
@@ -197,6 +210,10 @@ func loadKernel(cfg config.Run, root string, gpus []occupancy.GPU, monitoring bo
 		}
 	}
 	mon, err := bpf.Setup(bpf.Options{CgroupRoot: root, RingBytes: cfg.RingBytes, PinDir: cfg.PinDir}, devs, monitoring, uint32(os.Getpid()), selfCgroup)
+	if errors.Is(err, bpf.ErrUnprotected) {
+		log.Error("GPUs the gate cannot protect: their opens are not judged", "error", err)
+		err = nil
+	}
 	if err == nil {
 		mon.KeepGate(cfg.KeepEnforcing)
 	}
@@ -237,6 +254,10 @@ func (d *Daemon) State() v1.StateFile {
 // rules' switch and the loans.
 func (d *Daemon) decorate(f *v1.StateFile) {
 	f.Enforcing = d.enforcing()
+	for i := range f.GPUs {
+		e := d.enforced(f.GPUs[i].Index)
+		f.GPUs[i].Enforced = &e
+	}
 	if d.lender != nil {
 		d.lender.Decorate(f)
 	}
@@ -275,6 +296,12 @@ func (d *Daemon) SetMonitoring(on bool) error {
 // Monitoring reports the switch.
 func (d *Daemon) Monitoring() bool { return d.monitoring.Load() }
 
+// Close releases what New set up, for a daemon that will not Run (stopped
+// during start-up): the gate is detached and unpinned unless KeepEnforcing.
+func (d *Daemon) Close() error {
+	return errors.Join(d.journal.Close(), d.mon.Close())
+}
+
 // Run works until ctx ends, then detaches everything.
 func (d *Daemon) Run(ctx context.Context) error {
 	defer d.mon.Close()
@@ -292,10 +319,12 @@ func (d *Daemon) Run(ctx context.Context) error {
 	defer d.executor.Wait()
 	defer d.journal.Close()
 	if d.cfg.MetricsAddr != "" {
-		goRun(func(ctx context.Context) { metrics.Serve(ctx, d.cfg.MetricsAddr, d.metrics.Handler(d.Ready), d.log) })
+		goRun(func(ctx context.Context) {
+			httpserve.Run(ctx, d.cfg.MetricsAddr, d.metrics.Handler(d.Ready), d.cfg.HTTPLimits, "metrics", d.log)
+		})
 	}
 	if d.cfg.ControlSocket != "" {
-		ctl, err := control.Serve(d.cfg.ControlSocket, d, d.log)
+		ctl, err := control.Serve(d.cfg.ControlSocket, d, d.cfg.HTTPLimits, d.log)
 		if err != nil {
 			cancel()
 			wg.Wait()
@@ -431,8 +460,7 @@ func (d *Daemon) setupWorkloads(cgroupRoot string) error {
 		ProcRoot: cfg.ProcRoot, Grace: cfg.PreemptGrace, CheckpointRoot: cfg.CheckpointRoot,
 		Journal: j, Reclaimer: rc, Log: d.log, Recorded: d.onRecorded,
 		Holds: func(pid, gpu int) bool {
-			fds, err := d.tracker.Proc.GPUFDs(pid)
-			return err == nil && len(fds[gpu]) > 0
+			return d.tracker.Proc.HoldsGPU(pid, gpu, d.ledger.FDs(pid, gpu))
 		},
 	}
 	return nil

@@ -9,11 +9,7 @@
 package metrics
 
 import (
-	"context"
-	"errors"
 	"fmt"
-	"log/slog"
-	"net"
 	"net/http"
 	"sort"
 	"strconv"
@@ -42,6 +38,7 @@ type GPU struct {
 	State       string // free | busy | idle | lent
 	IdleSeconds float64
 	Holders     []Holder // one per process holding the GPU
+	Enforced    bool     // the gate applies the priority rules to its opens
 }
 
 // Holder is one process holding a GPU, named by its workload.
@@ -92,6 +89,7 @@ type Metrics struct {
 	events, dropped, resyncs, registered, regs        *prometheus.Desc
 	lent, malformed, monitoring, enforcing            *prometheus.Desc
 	stateFailures, journalFailures, journalPending    *prometheus.Desc
+	gpuEnforced                                       *prometheus.Desc
 }
 
 func desc(name, help string, labels ...string) *prometheus.Desc {
@@ -137,6 +135,7 @@ func New(version string, src Source) *Metrics {
 		stateFailures:   desc("state_write_failures_total", "State file writes that failed (a full disk, say); each failure is retried on a timer until a write succeeds."),
 		journalFailures: desc("journal_write_failures_total", "Preemption journal writes that failed; a record cut short is truncated away and the record kept and retried until written."),
 		journalPending:  desc("journal_pending_records", "Preemption records waiting to be written to the journal after a failed write."),
+		gpuEnforced:     desc("gpu_enforced", "1 while the kernel gate applies the priority rules to the GPU's opens; 0 under --enforce=false or when the gate cannot protect this GPU (see gpud's log).", "gpu", "UUID"),
 	}
 	m.reg.MustRegister(m.opens, m.preemptions, m.latency, m.buildInfo, collector{m},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -172,7 +171,7 @@ type collector struct{ m *Metrics }
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	m := c.m
 	for _, d := range []*prometheus.Desc{m.gpuInfo, m.gpuState, m.idle, m.holders, m.workloadHolders,
-		m.events, m.dropped, m.resyncs, m.registered, m.regs, m.lent, m.malformed, m.monitoring, m.enforcing,
+		m.events, m.dropped, m.resyncs, m.registered, m.regs, m.lent, m.malformed, m.monitoring, m.enforcing, m.gpuEnforced,
 		m.stateFailures, m.journalFailures, m.journalPending} {
 		ch <- d
 	}
@@ -201,6 +200,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 			gauge(m.gpuState, b2f(g.State == st), idx, g.UUID, st)
 		}
 		gauge(m.idle, g.IdleSeconds, idx, g.UUID)
+		gauge(m.gpuEnforced, b2f(g.Enforced), idx, g.UUID)
 		byPrio := map[string]int{}
 		type wl struct{ ns, pod, ctr, prio string }
 		byWorkload := map[wl]int{}
@@ -261,55 +261,6 @@ func (m *Metrics) Handler(ready func() bool) http.Handler {
 	return mux
 }
 
-// Server is the listening metrics endpoint.
-type Server struct {
-	srv  *http.Server
-	Addr net.Addr // where it listens (":0" picks a port)
-}
-
-// Listen binds addr and serves h in the background until Close.
-func Listen(addr string, h http.Handler, log *slog.Logger) (*Server, error) {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("metrics: listen %s: %w", addr, err)
-	}
-	s := &Server{srv: &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}, Addr: ln.Addr()}
-	go func() {
-		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("metrics endpoint", "error", err)
-		}
-	}()
-	return s, nil
-}
-
-// Close stops serving.
-func (s *Server) Close() error {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	return s.srv.Shutdown(ctx)
-}
-
-// Serve serves h on addr until ctx ends. A port that cannot be bound
-// (another gpud still shutting down, a clash) is retried rather than fatal:
-// the node agent's enforcement matters more than its scrape endpoint.
-func Serve(ctx context.Context, addr string, h http.Handler, log *slog.Logger) {
-	for wait := time.Second; ; wait = min(2*wait, 30*time.Second) {
-		srv, err := Listen(addr, h, log)
-		if err == nil {
-			log.Info("serving metrics", "addr", srv.Addr.String())
-			<-ctx.Done()
-			srv.Close()
-			return
-		}
-		log.Error("metrics endpoint unavailable, retrying", "addr", addr, "retry_in", wait, "error", err)
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(wait):
-		}
-	}
-}
-
 // GPUsOf turns the state document into the scrape's GPUs, each holder
 // named by names (namespace, pod, container; "" where unknown), and counts
 // the lent GPUs.
@@ -335,16 +286,12 @@ func GPUsOf(f v1.StateFile, now time.Time, names func(v1.StateHolder) (namespace
 // Verdicts counts GPU opens by verdict with no label lookup per open (the
 // open path is hot): one counter per GPU index and verdict.
 type Verdicts struct {
-	allow, deny []prometheus.Counter
+	allow, deny map[int]prometheus.Counter
 }
 
 // Verdicts returns the open counters of GPUs given as index → UUID.
 func (m *Metrics) Verdicts(gpus map[int]string) *Verdicts {
-	n := 0
-	for idx := range gpus {
-		n = max(n, idx+1)
-	}
-	v := &Verdicts{allow: make([]prometheus.Counter, n), deny: make([]prometheus.Counter, n)}
+	v := &Verdicts{allow: map[int]prometheus.Counter{}, deny: map[int]prometheus.Counter{}}
 	for idx, uuid := range gpus {
 		v.allow[idx] = m.Opens(idx, uuid, VerdictAllow)
 		v.deny[idx] = m.Opens(idx, uuid, VerdictDeny)
@@ -358,7 +305,7 @@ func (v *Verdicts) Count(gpu int, allowed bool) {
 	if allowed {
 		c = v.allow
 	}
-	if gpu >= 0 && gpu < len(c) && c[gpu] != nil {
-		c[gpu].Inc()
+	if n := c[gpu]; n != nil {
+		n.Inc()
 	}
 }

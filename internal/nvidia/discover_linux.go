@@ -18,7 +18,19 @@ var ErrNoGPUs = errors.New("nvidia: no nvidia[0-9]+ device nodes")
 
 var gpuNodeRe = regexp.MustCompile(`^nvidia([0-9]+)$`)
 
-// DiscoverGPUs stats the nvidiaN character devices in devDir.
+// ErrBadGPUNode is returned for nvidiaN nodes gpud cannot name a GPU by.
+var ErrBadGPUNode = errors.New("nvidia: unusable GPU device node")
+
+// maxGPUIndex bounds N in nvidiaN: the largest minor number a kernel gives.
+const maxGPUIndex = 1<<20 - 1
+
+// DiscoverGPUs stats the nvidiaN character devices in devDir. A GPU is its
+// device number, not its name: nodes that are the same device (same
+// major:minor, e.g. an operator's second name for it) are one GPU, named by
+// its lowest N, the other nodes listed in Aliases. Two different devices
+// cannot claim one index (nvidia1 and nvidia01), and N must be a number a
+// kernel could give as a minor: such nodes are an error naming them, not a
+// GPU silently left out.
 func DiscoverGPUs(devDir string) ([]occupancy.GPU, error) {
 	st, err := os.Stat(devDir)
 	if err != nil {
@@ -31,7 +43,12 @@ func DiscoverGPUs(devDir string) ([]occupancy.GPU, error) {
 	if err != nil {
 		return nil, fmt.Errorf("device dir: %w", err)
 	}
-	var gpus []occupancy.GPU
+	type node struct {
+		idx  int
+		path string
+		dev  uint64
+	}
+	var nodes []node
 	for _, e := range ents {
 		m := gpuNodeRe.FindStringSubmatch(e.Name())
 		if m == nil {
@@ -45,12 +62,36 @@ func DiscoverGPUs(devDir string) ([]occupancy.GPU, error) {
 		if s.Mode&unix.S_IFMT != unix.S_IFCHR {
 			continue
 		}
-		idx, _ := strconv.Atoi(m[1])
-		gpus = append(gpus, occupancy.GPU{Index: idx, Device: p, Major: unix.Major(s.Rdev), Minor: unix.Minor(s.Rdev)})
+		idx, err := strconv.Atoi(m[1])
+		if err != nil || idx > maxGPUIndex {
+			return nil, fmt.Errorf("%w: %s: the number after nvidia must be at most %d", ErrBadGPUNode, p, maxGPUIndex)
+		}
+		nodes = append(nodes, node{idx: idx, path: p, dev: s.Rdev})
 	}
-	if len(gpus) == 0 {
+	if len(nodes) == 0 {
 		return nil, fmt.Errorf("%w in %s", ErrNoGPUs, devDir)
 	}
-	sort.Slice(gpus, func(i, j int) bool { return gpus[i].Index < gpus[j].Index })
+	sort.Slice(nodes, func(i, j int) bool {
+		if nodes[i].idx != nodes[j].idx {
+			return nodes[i].idx < nodes[j].idx
+		}
+		return nodes[i].path < nodes[j].path
+	})
+	byDev := map[uint64]int{} // device number → position in gpus
+	byIdx := map[int]node{}   // index → the node that named it
+	var gpus []occupancy.GPU
+	for _, n := range nodes {
+		if i, ok := byDev[n.dev]; ok {
+			gpus[i].Aliases = append(gpus[i].Aliases, n.path)
+			continue
+		}
+		if other, ok := byIdx[n.idx]; ok {
+			return nil, fmt.Errorf("%w: %s and %s are different devices (%d:%d, %d:%d) with the same GPU index %d",
+				ErrBadGPUNode, other.path, n.path, unix.Major(other.dev), unix.Minor(other.dev),
+				unix.Major(n.dev), unix.Minor(n.dev), n.idx)
+		}
+		byDev[n.dev], byIdx[n.idx] = len(gpus), n
+		gpus = append(gpus, occupancy.GPU{Index: n.idx, Device: n.path, Major: unix.Major(n.dev), Minor: unix.Minor(n.dev)})
+	}
 	return gpus, nil
 }

@@ -130,3 +130,50 @@ func TestDiscoverGPUs(t *testing.T) {
 		}
 	}
 }
+
+// A GPU is its device number (issue 14, item 3): two names of one device
+// are one GPU with the other name as an alias (at the old code, two GPUs);
+// two devices claiming one index, or an index no kernel minor can be, are
+// errors naming the nodes.
+func TestDiscoverGPUsByDeviceNumber(t *testing.T) {
+	testutil.RequireRoot(t)
+	mk := func(dir, name string, major, minor uint32) {
+		t.Helper()
+		if err := unix.Mknod(filepath.Join(dir, name), unix.S_IFCHR|0o600, int(unix.Mkdev(major, minor))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dir := t.TempDir()
+	mk(dir, "nvidia0", 195, 0)
+	mk(dir, "nvidia8", 195, 0) // an operator's second name for GPU 0
+	mk(dir, "nvidia1", 195, 1)
+	mk(dir, "nvidia300", 195, 300)
+	gpus, err := DiscoverGPUs(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []occupancy.GPU{
+		{Index: 0, Device: filepath.Join(dir, "nvidia0"), Major: 195, Minor: 0, Aliases: []string{filepath.Join(dir, "nvidia8")}},
+		{Index: 1, Device: filepath.Join(dir, "nvidia1"), Major: 195, Minor: 1},
+		{Index: 300, Device: filepath.Join(dir, "nvidia300"), Major: 195, Minor: 300},
+	}
+	if !reflect.DeepEqual(gpus, want) {
+		t.Fatalf("DiscoverGPUs:\n got %+v\nwant %+v", gpus, want)
+	}
+	if d := occupancy.Devs(gpus); len(d) != 3 || d[unix.Mkdev(195, 0)] != 0 {
+		t.Errorf("Devs = %v", d)
+	}
+
+	clash := t.TempDir()
+	mk(clash, "nvidia1", 195, 1)
+	mk(clash, "nvidia01", 195, 2)
+	if _, err := DiscoverGPUs(clash); !errors.Is(err, ErrBadGPUNode) {
+		t.Errorf("nvidia1 and nvidia01 as different devices: err = %v, want ErrBadGPUNode", err)
+	}
+	huge := t.TempDir()
+	mk(huge, "nvidia0", 195, 0)
+	mk(huge, "nvidia99999999999999999999", 195, 5)
+	if _, err := DiscoverGPUs(huge); !errors.Is(err, ErrBadGPUNode) {
+		t.Errorf("nvidia99999999999999999999: err = %v, want ErrBadGPUNode", err)
+	}
+}

@@ -38,6 +38,9 @@ type GPU struct {
 	UUID         string // from NVML, "" without it
 	Device       string // device node path, e.g. /dev/nvidia0
 	Major, Minor uint32
+	// Aliases are other nodes of the same device (same major:minor): the
+	// same GPU under more names, never a GPU of its own.
+	Aliases []string
 }
 
 // ProcInfo identifies a process that holds GPU fds.
@@ -524,4 +527,21 @@ func (l *Ledger) FDTable() map[int]map[int][]int32 {
 		out[pid] = m
 	}
 	return out
+}
+
+// FDs returns the fds through which pid holds gpu, as the ledger knows
+// them (a hint for a quick check against /proc; negative ones are io_uring
+// fixed-file slots).
+func (l *Ledger) FDs(pid, gpu int) []int32 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	p, ok := l.procs[pid]
+	if !ok {
+		return nil
+	}
+	h, ok := p.holds[gpu]
+	if !ok {
+		return nil
+	}
+	return slices.Sorted(maps.Keys(h.fds))
 }

@@ -156,6 +156,29 @@ func (p *ProcFS) tableFDs(pid int, base string, out map[int][]int32) (int, error
 	return len(ents), nil
 }
 
+// HoldsGPU reports whether pid holds gpu now. The fds in hint (those the
+// ledger knows) are checked first, one stat each; only when none of them
+// is the GPU any more is the whole fd table read (GPUFDs), so a process
+// that moved its hold to another fd still counts. The executor calls this
+// for every victim just before its signal: for a batch of victims the
+// full scan would cost a readlink per fd of each.
+func (p *ProcFS) HoldsGPU(pid, gpu int, hint []int32) bool {
+	for _, fd := range hint {
+		if fd < 0 {
+			continue // an io_uring slot: only the full scan reads those
+		}
+		var st unix.Stat_t
+		if err := unix.Stat(filepath.Join(p.Root, strconv.Itoa(pid), "fd", strconv.Itoa(int(fd))), &st); err != nil {
+			continue
+		}
+		if g, ok := p.Devs[st.Rdev]; ok && g == gpu && st.Mode&unix.S_IFMT == unix.S_IFCHR && !pathOnly(filepath.Join(p.Root, strconv.Itoa(pid)), int(fd)) {
+			return true
+		}
+	}
+	fds, err := p.GPUFDs(pid)
+	return err == nil && len(fds[gpu]) > 0
+}
+
 // oPath is O_PATH as /proc/<pid>/fdinfo prints flags (octal).
 const oPath = 0o10000000
 

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 
 	v1 "github.com/gpud/gpud/api/v1"
 	"github.com/gpud/gpud/internal/safefs"
@@ -22,7 +23,8 @@ func Render(s Snapshot, node string, monitoring bool) v1.StateFile {
 		GPUs: []v1.StateGPU{}, Preemptions: []v1.RawPreemption{},
 	}
 	for _, g := range s.GPUs {
-		sg := v1.StateGPU{Index: g.Index, UUID: g.UUID, Device: g.Device, State: g.State, Holders: []v1.StateHolder{}}
+		sg := v1.StateGPU{Index: g.Index, UUID: g.UUID, Device: g.Device, State: g.State, Holders: []v1.StateHolder{},
+			Aliases: slices.Clone(g.Aliases)}
 		if g.State == Idle {
 			t := g.LastActive.UTC()
 			sg.IdleSince = &t

@@ -2,7 +2,6 @@ package preempt
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"sync"
 	"time"
@@ -99,15 +98,7 @@ func (e *Executor) Preempt(ctx context.Context, gpu int, rule string, preemptor 
 	e.wg.Add(1)
 	go func() {
 		defer e.wg.Done()
-		var wg sync.WaitGroup
-		for _, v := range mine {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				e.kill(ctx, gpu, rule, preemptor, v, decided)
-			}()
-		}
-		wg.Wait()
+		e.killAll(gpu, rule, preemptor, mine, decided)
 		if done != nil {
 			close(done)
 		}
@@ -121,83 +112,6 @@ func (e *Executor) Preempt(ctx context.Context, gpu int, rule string, preemptor 
 			}
 		}
 	}()
-}
-
-func (e *Executor) kill(ctx context.Context, gpu int, rule string, preemptor Party, v Victim, decided time.Time) {
-	defer func() {
-		e.mu.Lock()
-		delete(e.killing, v.PID)
-		e.dead[deadKey{v.PID, v.StartTime}] = time.Now()
-		e.mu.Unlock()
-	}()
-	rec := Record{
-		Time: time.Now().UTC(), GPU: gpu, Action: ActionKill, Rule: rule, Preemptor: preemptor,
-		Victim: Party{PID: v.PID, Comm: v.Comm, ContainerID: v.ContainerID, PodUID: v.PodUID, TaskID: v.TaskID, CgroupID: v.CgroupID},
-	}
-	if e.Journal != nil {
-		rec.ID = e.Journal.NewID(rec.Time)
-	}
-	grace := e.grace()
-	first := "SIGKILL"
-	if grace > 0 {
-		first = "SIGTERM"
-	}
-	// The checkpoint notice (claim 6) is for the task's next start, and,
-	// with a grace period, for the task itself before it dies. It is never
-	// written durably before the kill: two fsyncs would put milliseconds
-	// (tens under I/O load) between the decision and the signal. With a
-	// grace period it is made visible first and durable after; without
-	// one the task cannot read it anyway, and it is written after the kill.
-	notice := e.CheckpointRoot != "" && v.TaskID != ""
-	writeNoticeWith := func(write func(string, Notice) (string, error)) {
-		if _, err := write(e.CheckpointRoot, Notice{
-			Time: rec.Time, GPU: gpu, Reason: rule, Signal: first, GraceSec: grace.Seconds(),
-			TaskID: v.TaskID, RecordID: rec.ID,
-		}); err != nil {
-			e.log().Warn("writing checkpoint notice", "task_id", v.TaskID, "error", err)
-		}
-	}
-	if notice && grace > 0 {
-		writeNoticeWith(writeNoticeVisible)
-	}
-	var verify []func(int) error
-	if e.Holds != nil {
-		verify = append(verify, func(pid int) error {
-			if !e.Holds(pid, gpu) {
-				return errors.New("does not hold the GPU")
-			}
-			return nil
-		})
-	}
-	verify = append(verify, inWorkload(e.ProcRoot, v))
-	beforeKill(v)
-	if e.Journal != nil {
-		// The intent, before the kill: a gpud killed between the kill and
-		// its record leaves this for the next gpud to resolve.
-		intent := rec
-		intent.Result = ResultPending
-		if err := e.Journal.Note(intent); err != nil {
-			e.log().Warn("journaling the kill's intent", "error", err)
-		}
-	}
-	sig, err := Kill(e.ProcRoot, v.ProcInfo, grace, verify...)
-	rec.Signal = sig
-	rec.LatencyMS = float64(time.Since(decided).Microseconds()) / 1000
-	if notice && sig != "" { // signalled: not for a victim that moved or was gone
-		writeNoticeWith(WriteNotice)
-	}
-	switch {
-	case err == nil:
-		rec.Result = "done"
-	case errors.Is(err, ErrGone), errors.Is(err, ErrNotSameProcess):
-		rec.Result = "gone"
-	default:
-		rec.Result = err.Error()
-	}
-	e.log().Info("preempted", "gpu", gpu, "victim_pid", v.PID, "victim_container", v.ContainerID,
-		"preemptor_pid", preemptor.PID, "signal", sig, "result", rec.Result, "latency_ms", rec.LatencyMS,
-		"reason", errString(err))
-	e.record(rec)
 }
 
 func (e *Executor) reclaim(ctx context.Context, gpu int, t Target, taskID string, by Party) {

@@ -277,30 +277,63 @@ func (j *Journal) Resolve(outcome func(Record) string) (int, error) {
 }
 
 func (j *Journal) appendLocked(r Record, sync bool) error {
-	b, err := json.Marshal(r)
-	if err != nil {
-		return fmt.Errorf("preempt: encoding record: %w", err)
+	return j.addLocked([]Record{r}, sync)
+}
+
+// NoteAll records rs without waiting for the disk: the intents of a batch
+// of kills (many victims of one decision), all before the first signal.
+func (j *Journal) NoteAll(rs []Record) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.addLocked(rs, false)
+}
+
+// AppendAll records rs durably with one write and one fsync: the outcomes
+// of a batch of kills.
+func (j *Journal) AppendAll(rs []Record) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.addLocked(rs, true)
+}
+
+// addLocked keeps rs among the recent records (the state file shows them
+// whether or not the disk takes them now: a failed write is retried, not
+// lost) and queues them as one write, with one fsync when sync: a batch is
+// on disk whole or not at all, never interleaved with other records. Then
+// it writes what waits.
+func (j *Journal) addLocked(rs []Record, sync bool) error {
+	if len(rs) == 0 {
+		return nil
 	}
-	// Kept in memory (the state file shows it) whether or not the disk
-	// takes it now: a failed write is retried, not lost.
-	replaced := false
-	for i := range j.recent {
-		if j.recent[i].ID == r.ID {
-			j.recent[i], replaced = r, true
+	var lines []byte
+	for _, r := range rs {
+		b, err := json.Marshal(r)
+		if err != nil {
+			return fmt.Errorf("preempt: encoding record %s: %w", r.ID, err)
 		}
+		lines = append(append(lines, b...), '\n')
 	}
-	if !replaced {
+	index := make(map[string]int, len(j.recent))
+	for i, r := range j.recent {
+		index[r.ID] = i
+	}
+	for _, r := range rs {
+		if i, ok := index[r.ID]; ok {
+			j.recent[i] = r
+			continue
+		}
 		j.recent = append(j.recent, r)
-		if len(j.recent) > j.keep {
-			j.recent = j.recent[len(j.recent)-j.keep:]
-		}
+		index[r.ID] = len(j.recent) - 1
+	}
+	if len(j.recent) > j.keep {
+		j.recent = append([]Record(nil), j.recent[len(j.recent)-j.keep:]...)
 	}
 	j.reindex()
 	if len(j.pending) >= maxPending {
 		j.pending = j.pending[1:]
 		j.lost++
 	}
-	j.pending = append(j.pending, pendingRecord{line: append(b, '\n'), sync: sync})
+	j.pending = append(j.pending, pendingRecord{line: lines, sync: sync})
 	if err := j.flushLocked(); err != nil {
 		return fmt.Errorf("%w: %w", ErrWriteQueued, err)
 	}

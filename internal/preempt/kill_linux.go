@@ -33,27 +33,11 @@ var (
 // SIGKILL. It returns once the process is confirmed dead (the pidfd turns
 // readable).
 func Kill(procRoot string, v occupancy.ProcInfo, grace time.Duration, verify ...func(pid int) error) (signal string, err error) {
-	if v.StartTime == 0 {
-		return "", ErrUnknownIdentity
-	}
-	pidfd, err := unix.PidfdOpen(v.PID, 0)
+	pidfd, err := openChecked(procRoot, v)
 	if err != nil {
-		if errors.Is(err, unix.ESRCH) {
-			return "", ErrGone
-		}
-		return "", fmt.Errorf("preempt: pidfd_open %d: %w", v.PID, err)
+		return "", err
 	}
 	defer unix.Close(pidfd)
-	start, err := occupancy.StartTime(procRoot, v.PID)
-	if err != nil {
-		return "", ErrGone
-	}
-	if start != v.StartTime {
-		return "", ErrNotSameProcess
-	}
-	if v.PidfdIno != 0 && occupancy.PidfdInoOf(pidfd) != v.PidfdIno {
-		return "", ErrNotSameProcess
-	}
 	for _, f := range verify {
 		if err := f(v.PID); err != nil {
 			return "", fmt.Errorf("%w: %w", ErrNotSameProcess, err)
@@ -80,6 +64,45 @@ func Kill(procRoot string, v occupancy.ProcInfo, grace time.Duration, verify ...
 		return "SIGKILL", ErrStillAlive
 	}
 	return "SIGKILL", nil
+}
+
+// openChecked opens a pidfd for v and checks that the process behind it is
+// v: its start time, and its pidfs inode when known. From then on the pidfd
+// names that process, whatever later happens to its PID. The caller closes
+// the pidfd.
+func openChecked(procRoot string, v occupancy.ProcInfo) (int, error) {
+	if v.StartTime == 0 {
+		return -1, ErrUnknownIdentity
+	}
+	pidfd, err := unix.PidfdOpen(v.PID, 0)
+	if err != nil {
+		if errors.Is(err, unix.ESRCH) {
+			return -1, ErrGone
+		}
+		return -1, fmt.Errorf("preempt: pidfd_open %d: %w", v.PID, err)
+	}
+	if v.PidfdIno != 0 {
+		// pidfs: the inode names one process for the system's lifetime,
+		// which is all the start time would tell (and reading
+		// /proc/<pid>/stat costs as much as the rest of a kill's checks).
+		if occupancy.PidfdInoOf(pidfd) != v.PidfdIno {
+			unix.Close(pidfd)
+			return -1, ErrNotSameProcess
+		}
+		return pidfd, nil
+	}
+	start, err := occupancy.StartTime(procRoot, v.PID)
+	switch {
+	case err != nil:
+		err = ErrGone
+	case start != v.StartTime:
+		err = ErrNotSameProcess
+	}
+	if err != nil {
+		unix.Close(pidfd)
+		return -1, err
+	}
+	return pidfd, nil
 }
 
 // exited waits until the process behind pidfd has exited, or d passes.

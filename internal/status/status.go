@@ -58,6 +58,7 @@ func Render(out io.Writer, f *v1.StateFile, now time.Time) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	renderUnenforced(&w, f.GPUs)
 	if err := renderLoans(&w, f.GPUs); err != nil {
 		return err
 	}
@@ -69,7 +70,7 @@ func Render(out io.Writer, f *v1.StateFile, now time.Time) error {
 
 // renderHealth warns of writes that failed (a full disk): how many, how
 // many preemption records still wait to be written, and the last error.
-func renderHealth(w io.Writer, h *occupancy.Health, now time.Time) {
+func renderHealth(w io.Writer, h *v1.Health, now time.Time) {
 	if h == nil || h.StateWriteFailures == 0 && h.JournalWriteFailures == 0 && h.JournalPending == 0 {
 		return
 	}
@@ -81,6 +82,20 @@ func renderHealth(w io.Writer, h *occupancy.Health, now time.Time) {
 			at = ago(now, *h.LastErrorAt) + " ago"
 		}
 		fmt.Fprintf(w, "  last %s: %s\n", at, trunc(h.LastError, Width))
+	}
+}
+
+// renderUnenforced names the GPUs whose opens the gate does not judge
+// (files from gpuds that did not say are silent).
+func renderUnenforced(w io.Writer, gpus []v1.StateGPU) {
+	var off []string
+	for _, g := range gpus {
+		if g.Enforced != nil && !*g.Enforced {
+			off = append(off, fmt.Sprint(g.Index))
+		}
+	}
+	if len(off) > 0 {
+		fmt.Fprintf(w, "\nNOT ENFORCED (the priority rules are not applied to their opens): GPU %s\n", strings.Join(off, ", "))
 	}
 }
 

@@ -1,0 +1,132 @@
+// Package httpserve serves gpud's HTTP endpoints (the metrics port, the
+// control socket) with bounds: any client of a port may be hostile, and a
+// flood of idle connections must cost gpud neither memory nor descriptors
+// without limit.
+package httpserve
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"golang.org/x/net/netutil"
+)
+
+// Limits bound one server. Zero fields take Defaults' values.
+type Limits struct {
+	// MaxConns is how many connections are served at once. Beyond it new
+	// connections wait in the kernel's accept queue (no descriptor, no
+	// goroutine in gpud) until a served one closes.
+	MaxConns int
+	// ReadHeaderTimeout bounds a request's headers (slow senders).
+	ReadHeaderTimeout time.Duration
+	// ReadTimeout bounds a whole request, body included.
+	ReadTimeout time.Duration
+	// WriteTimeout bounds writing a response (slow readers).
+	WriteTimeout time.Duration
+	// IdleTimeout closes a keep-alive connection with no request for this
+	// long.
+	IdleTimeout time.Duration
+}
+
+// Defaults suit a Prometheus scraper (one connection per scrape target,
+// reconnecting after an idle close costs it nothing) and `gpud` commands.
+var Defaults = Limits{
+	MaxConns:          64,
+	ReadHeaderTimeout: 5 * time.Second,
+	ReadTimeout:       10 * time.Second,
+	WriteTimeout:      30 * time.Second,
+	IdleTimeout:       30 * time.Second,
+}
+
+// WithDefaults fills l's zero fields from Defaults.
+func (l Limits) WithDefaults() Limits {
+	if l.MaxConns <= 0 {
+		l.MaxConns = Defaults.MaxConns
+	}
+	for _, f := range []struct{ v, def *time.Duration }{
+		{&l.ReadHeaderTimeout, &Defaults.ReadHeaderTimeout}, {&l.ReadTimeout, &Defaults.ReadTimeout},
+		{&l.WriteTimeout, &Defaults.WriteTimeout}, {&l.IdleTimeout, &Defaults.IdleTimeout},
+	} {
+		if *f.v <= 0 {
+			*f.v = *f.def
+		}
+	}
+	return l
+}
+
+// Server is a bounded HTTP server on one listener.
+type Server struct {
+	srv *http.Server
+	// Addr is where it listens.
+	Addr net.Addr
+}
+
+// Serve serves h on ln in the background, within l (zero fields: Defaults),
+// until Close. name tells log lines apart ("metrics", "control socket").
+func Serve(ln net.Listener, h http.Handler, l Limits, name string, log *slog.Logger) *Server {
+	l = l.WithDefaults()
+	s := &Server{
+		srv: &http.Server{
+			Handler:           h,
+			ReadHeaderTimeout: l.ReadHeaderTimeout,
+			ReadTimeout:       l.ReadTimeout,
+			WriteTimeout:      l.WriteTimeout,
+			IdleTimeout:       l.IdleTimeout,
+			MaxHeaderBytes:    64 << 10, // gpud's requests are a line and a few headers
+			ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+		},
+		Addr: ln.Addr(),
+	}
+	go func() {
+		if err := s.srv.Serve(netutil.LimitListener(ln, l.MaxConns)); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("http server stopped", "server", name, "error", err)
+		}
+	}()
+	return s
+}
+
+// Listen binds a TCP address and serves h on it (see Serve).
+func Listen(addr string, h http.Handler, l Limits, name string, log *slog.Logger) (*Server, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("%s: listen %s: %w", name, addr, err)
+	}
+	return Serve(ln, h, l, name, log), nil
+}
+
+// Close stops serving: in-flight requests get two seconds, idle
+// connections close at once.
+func (s *Server) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := s.srv.Shutdown(ctx); err != nil {
+		return errors.Join(fmt.Errorf("httpserve: shutdown: %w", err), s.srv.Close())
+	}
+	return nil
+}
+
+// Run serves h on addr until ctx ends. A port that cannot be bound
+// (another gpud still shutting down, a clash) is retried rather than fatal:
+// the node agent's enforcement matters more than its scrape endpoint.
+func Run(ctx context.Context, addr string, h http.Handler, l Limits, name string, log *slog.Logger) {
+	for wait := time.Second; ; wait = min(2*wait, 30*time.Second) {
+		srv, err := Listen(addr, h, l, name, log)
+		if err == nil {
+			log.Info("serving "+name, "addr", srv.Addr.String())
+			<-ctx.Done()
+			srv.Close()
+			return
+		}
+		log.Error(name+" endpoint unavailable, retrying", "addr", addr, "retry_in", wait, "error", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+	}
+}

@@ -1,0 +1,293 @@
+package preempt
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// batchWorkers bounds the goroutines that read /proc for a batch of
+// victims (identity, then the checks just before each signal).
+const batchWorkers = 8
+
+// victimKill is one victim's kill within a batch.
+type victimKill struct {
+	v      Victim
+	rec    Record
+	pidfd  int    // -1 until opened and checked
+	err    error  // why it was not signalled, or how its kill failed
+	sig    string // the last signal sent
+	dead   bool
+	deadAt time.Time
+}
+
+// killAll kills every victim of one decision as one batch, keeping each
+// victim's safety checks:
+//
+//  1. each victim's pidfd is opened and the process behind it checked to
+//     be the one judged (start time, pidfs inode): from then on the pidfd
+//     names that process whatever happens to its PID;
+//  2. the intents of all of them are journaled in one write, before any
+//     signal (a gpud that dies during the batch leaves them for the next
+//     gpud to resolve);
+//  3. for each victim, just before its signal, it is checked to still hold
+//     the GPU and to still be in the cgroup it was judged in; then it is
+//     signalled through its pidfd. Victims are checked and signalled by a
+//     few workers at once, not one after another's death;
+//  4. all are waited for together (one poll over every pidfd); with a grace
+//     period the survivors of SIGTERM get SIGKILL at its end;
+//  5. the outcomes are journaled in one write with one fsync.
+//
+// One victim at a time, each waiting for the journal's fsync of the
+// previous ones, a decision with 200 victims took 81 ms (p50) to 186 ms
+// (p99) to see them all dead.
+func (e *Executor) killAll(gpu int, rule string, preemptor Party, victims []Victim, decided time.Time) {
+	if len(victims) == 0 {
+		return
+	}
+	grace := e.grace()
+	first, firstName := unix.SIGKILL, "SIGKILL"
+	if grace > 0 {
+		first, firstName = unix.SIGTERM, "SIGTERM"
+	}
+	now := time.Now().UTC()
+	ks := make([]*victimKill, len(victims))
+	for i, v := range victims {
+		rec := Record{
+			Time: now, GPU: gpu, Action: ActionKill, Rule: rule, Preemptor: preemptor,
+			Victim: Party{PID: v.PID, Comm: v.Comm, ContainerID: v.ContainerID, PodUID: v.PodUID, TaskID: v.TaskID, CgroupID: v.CgroupID},
+		}
+		if e.Journal != nil {
+			rec.ID = e.Journal.NewID(now)
+		}
+		ks[i] = &victimKill{v: v, rec: rec, pidfd: -1}
+	}
+	defer func() {
+		for _, k := range ks {
+			if k.pidfd >= 0 {
+				unix.Close(k.pidfd)
+			}
+		}
+		e.mu.Lock()
+		for _, k := range ks {
+			delete(e.killing, k.v.PID)
+			e.dead[deadKey{k.v.PID, k.v.StartTime}] = time.Now()
+		}
+		e.mu.Unlock()
+	}()
+
+	// 1. Identity.
+	parallel(len(ks), func(i int) {
+		k := ks[i]
+		beforeKill(k.v)
+		k.pidfd, k.err = openChecked(e.ProcRoot, k.v.ProcInfo)
+	})
+
+	// 2. Intents, together, before the first signal.
+	var intents []Record
+	for _, k := range ks {
+		if k.err == nil {
+			r := k.rec
+			r.Result = ResultPending
+			intents = append(intents, r)
+		}
+	}
+	if e.Journal != nil {
+		if err := e.Journal.NoteAll(intents); err != nil {
+			e.log().Warn("journaling the kills' intents", "victims", len(intents), "error", err)
+		}
+	}
+	// The checkpoint notice (claim 6) is for the task's next start, and,
+	// with a grace period, for the task itself before it dies. It is never
+	// written durably before the kill: two fsyncs would put milliseconds
+	// (tens under I/O load) between the decision and the signal. With a
+	// grace period it is made visible first and durable after; without
+	// one the task cannot read it anyway, and it is written after the kill.
+	notice := func(k *victimKill, write func(string, Notice) (string, error)) {
+		if e.CheckpointRoot == "" || k.v.TaskID == "" {
+			return
+		}
+		if _, err := write(e.CheckpointRoot, Notice{
+			Time: k.rec.Time, GPU: gpu, Reason: rule, Signal: firstName, GraceSec: grace.Seconds(),
+			TaskID: k.v.TaskID, RecordID: k.rec.ID,
+		}); err != nil {
+			e.log().Warn("writing checkpoint notice", "task_id", k.v.TaskID, "error", err)
+		}
+	}
+	if grace > 0 {
+		for _, k := range ks {
+			if k.err == nil {
+				notice(k, writeNoticeVisible)
+			}
+		}
+	}
+
+	// 3. Each victim's last checks, for all of them, then the signals in
+	// one tight loop: checking while the first victims die would put the
+	// kernel's and gpud's work on their exits between the later checks.
+	parallel(len(ks), func(i int) {
+		k := ks[i]
+		if k.err != nil {
+			return
+		}
+		if err := e.stillVictim(gpu, k.v); err != nil {
+			k.err = fmt.Errorf("%w: %w", ErrNotSameProcess, err)
+		}
+	})
+	for _, k := range ks {
+		if k.err != nil {
+			continue
+		}
+		if err := unix.PidfdSendSignal(k.pidfd, first, nil, 0); err != nil {
+			if errors.Is(err, unix.ESRCH) {
+				k.err = ErrGone
+			} else {
+				k.err = fmt.Errorf("preempt: %s %d: %w", firstName, k.v.PID, err)
+			}
+			continue
+		}
+		k.sig = firstName
+	}
+
+	// 4. Confirmed dead.
+	var signalled []*victimKill
+	for _, k := range ks {
+		if k.sig != "" {
+			signalled = append(signalled, k)
+		}
+	}
+	if grace > 0 {
+		waitAll(signalled, grace)
+		for _, k := range signalled {
+			if k.dead {
+				continue
+			}
+			if err := unix.PidfdSendSignal(k.pidfd, unix.SIGKILL, nil, 0); err != nil {
+				if !errors.Is(err, unix.ESRCH) {
+					k.err = fmt.Errorf("preempt: SIGKILL %d: %w", k.v.PID, err)
+				}
+				continue // ESRCH: exited between the wait and the kill
+			}
+			k.sig = "SIGKILL"
+		}
+	}
+	waitAll(signalled, 5*time.Second)
+
+	// 5. Outcomes, in one write and one fsync.
+	recs := make([]Record, 0, len(ks))
+	for _, k := range ks {
+		rec := k.rec
+		rec.Signal = k.sig
+		at := time.Now()
+		if k.dead {
+			at = k.deadAt
+		}
+		rec.LatencyMS = float64(at.Sub(decided).Microseconds()) / 1000
+		err := k.err
+		if err == nil && k.sig != "" && !k.dead {
+			err = ErrStillAlive
+		}
+		switch {
+		case err == nil:
+			rec.Result = "done"
+		case errors.Is(err, ErrGone), errors.Is(err, ErrNotSameProcess):
+			rec.Result = "gone"
+		default:
+			rec.Result = err.Error()
+		}
+		if k.sig != "" { // signalled: not for a victim that moved or was gone
+			notice(k, WriteNotice)
+		}
+		e.log().Info("preempted", "gpu", gpu, "victim_pid", k.v.PID, "victim_container", k.v.ContainerID,
+			"preemptor_pid", preemptor.PID, "signal", rec.Signal, "result", rec.Result, "latency_ms", rec.LatencyMS,
+			"reason", errString(err))
+		recs = append(recs, rec)
+	}
+	if e.Journal != nil {
+		if err := e.Journal.AppendAll(recs); err != nil {
+			e.log().Error("journaling preemptions", "records", len(recs), "error", err)
+		}
+	}
+	if e.Recorded != nil {
+		for _, r := range recs {
+			e.Recorded(r)
+		}
+	}
+}
+
+// stillVictim checks, just before the signal, that v still holds gpu and
+// is still in the cgroup it was judged in.
+func (e *Executor) stillVictim(gpu int, v Victim) error {
+	if e.Holds != nil && !e.Holds(v.PID, gpu) {
+		return errors.New("does not hold the GPU")
+	}
+	return inWorkload(e.ProcRoot, v)(v.PID)
+}
+
+// waitAll waits until every process of ks not yet dead has exited (its
+// pidfd readable), or d passes; it marks those seen dead, with when.
+func waitAll(ks []*victimKill, d time.Duration) {
+	deadline := time.Now().Add(d)
+	fds := make([]unix.PollFd, 0, len(ks))
+	idx := make([]*victimKill, 0, len(ks))
+	for {
+		fds, idx = fds[:0], idx[:0]
+		for _, k := range ks {
+			if !k.dead {
+				fds = append(fds, unix.PollFd{Fd: int32(k.pidfd), Events: unix.POLLIN})
+				idx = append(idx, k)
+			}
+		}
+		if len(fds) == 0 {
+			return
+		}
+		left := max(time.Until(deadline), 0)
+		n, err := unix.Poll(fds, int(left.Milliseconds())+1)
+		if err == unix.EINTR {
+			continue
+		}
+		if n > 0 {
+			now := time.Now()
+			for i, p := range fds {
+				if p.Revents != 0 {
+					idx[i].dead, idx[i].deadAt = true, now
+				}
+			}
+			continue
+		}
+		if err != nil || time.Now().After(deadline) {
+			return
+		}
+	}
+}
+
+// parallel runs f(0..n-1) on up to batchWorkers goroutines.
+func parallel(n int, f func(i int)) {
+	workers := min(n, batchWorkers)
+	if workers <= 1 {
+		for i := 0; i < n; i++ {
+			f(i)
+		}
+		return
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n {
+					return
+				}
+				f(i)
+			}
+		}()
+	}
+	wg.Wait()
+}
