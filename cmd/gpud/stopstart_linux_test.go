@@ -13,37 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/link"
 	"github.com/gpud/gpud/bpf"
-	"github.com/gpud/gpud/internal/cgroups"
 	"github.com/gpud/gpud/internal/testutil"
 )
-
-// deviceGates lists the device-cgroup programs attached at the cgroup v2
-// root, by id.
-func deviceGates(t *testing.T) []ebpf.ProgramID {
-	t.Helper()
-	root, _, err := cgroups.V2Root()
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.Open(root)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	res, err := link.QueryPrograms(link.QueryOptions{Target: int(f.Fd()), Attach: ebpf.AttachCGroupDevice})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ids []ebpf.ProgramID
-	for _, p := range res.Programs {
-		ids = append(ids, p.ID)
-	}
-	slices.Sort(ids)
-	return ids
-}
 
 // Stop during start (issue 14, item 3.6): the real binary, started 50 times
 // with a pinned gate and --keep-enforcing=false, gets SIGTERM after a random
@@ -64,7 +36,7 @@ func TestBinaryStopDuringStart(t *testing.T) {
 			t.Errorf("uninstall: %v", err)
 		}
 	})
-	before := deviceGates(t)
+	before := testutil.DeviceGates(t)
 
 	const starts = 50
 	var duringStart, running, byDefault int
@@ -113,7 +85,7 @@ func TestBinaryStopDuringStart(t *testing.T) {
 		// kernel a moment to detach.
 		deadline := time.Now().Add(3 * time.Second)
 		for {
-			now := deviceGates(t)
+			now := testutil.DeviceGates(t)
 			ents, rerr := os.ReadDir(pin)
 			if rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
 				t.Fatal(rerr)

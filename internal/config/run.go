@@ -4,6 +4,7 @@ import (
 	"time"
 
 	v1 "github.com/gpud/gpud/api/v1"
+	"github.com/gpud/gpud/internal/safefs"
 )
 
 // Run is every setting of `gpud run`, typed. Defaults is the one place its
@@ -122,4 +123,15 @@ func (r Run) Complete() Run {
 		r.RingBytes = d.RingBytes
 	}
 	return r
+}
+
+// CheckDirs checks that every directory gpud writes in is one only root
+// can change (safefs), naming the setting of the first that is not.
+func (r Run) CheckDirs() error {
+	return safefs.CheckDirs(
+		safefs.Need{Setting: "state-file", File: r.StateFile, Perm: 0o755},
+		safefs.Need{Setting: "state-dir", Dir: r.StateDir, Perm: 0o755},
+		safefs.Need{Setting: "control-socket", File: r.ControlSocket, Perm: 0o755},
+		safefs.Need{Setting: "checkpoint-root", Dir: r.CheckpointRoot, Perm: 0o755},
+	)
 }

@@ -462,3 +462,53 @@ func BenchmarkLendHealth(b *testing.B) {
 	b.ReportMetric(percentile(toFree, 99), "ms-lendable-p99")
 	b.ReportMetric(max(percentile(toBusy, 99), percentile(toFree, 99))/50, "ratio-p99-to-50ms-goal")
 }
+
+// BenchmarkRejudgeLatency: a holder that got past the gate before gpud knew
+// its container (its class unknown), beside a high-priority holder; its
+// container's class arrives (low) → the holder confirmed dead. Over 30
+// trials, in blocks interleaved with the gate's own path (a high open over
+// low holders, preemptTrials) in the same daemon; the ratio is p50 against
+// that path's p50.
+func BenchmarkRejudgeLatency(b *testing.B) {
+	devDir, gpus := makeGPUsForBench(b)
+	d := startEnforcingBenchDaemon(b, devDir)
+	defer d.stop()
+	reg := d.d.Registry()
+	hdir, hid := testutil.Cgroup(b, "rj-high")
+	reg.Put(workload.Workload{CgroupID: hid, Priority: occupancy.High, TaskID: "rj-high"})
+	high := startHelper(b)
+	testutil.JoinCgroup(b, hdir, high.pid())
+	var rejudged, gate []float64
+	for block := 0; block < 3; block++ {
+		hfd := high.do("open %s", gpus[1])
+		for i := 0; i < 10; i++ {
+			dir, id, cg := testutil.ContainerCgroup(b)
+			late := startHelper(b)
+			testutil.JoinCgroup(b, dir, late.pid())
+			late.do("open %s", gpus[1])
+			pidfd, err := unix.PidfdOpen(late.pid(), 0)
+			if err != nil {
+				b.Fatal(err)
+			}
+			testutil.Eventually(b, 5*time.Second, "the late holder in the ledger", func() bool {
+				info, ok := d.d.Ledger().Has(late.pid())
+				return ok && info.Unknown
+			})
+			t0 := time.Now()
+			reg.Put(workload.Workload{ContainerID: id, CgroupID: cg, Name: "late", Priority: occupancy.Low})
+			p := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
+			if n, err := unix.Poll(p, 5000); n != 1 {
+				b.Fatalf("the late low holder survived its class: %v", err)
+			}
+			rejudged = append(rejudged, float64(time.Since(t0).Microseconds()))
+			unix.Close(pidfd)
+			late.cmd.Wait()
+		}
+		high.do("close %s", hfd)
+		testutil.Eventually(b, 5*time.Second, "GPU 1 free", func() bool { return d.d.Ledger().Counts()[1].High == 0 })
+		gate = append(gate, preemptTrials(b, d, gpus, fmt.Sprintf("rj%d", block), 10)...)
+	}
+	b.ReportMetric(percentile(rejudged, 50), "µs-class-to-dead-p50")
+	b.ReportMetric(percentile(rejudged, 99), "µs-class-to-dead-p99")
+	b.ReportMetric(percentile(rejudged, 50)/percentile(gate, 50), "ratio-p50-to-gate-kill")
+}

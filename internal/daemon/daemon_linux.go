@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,7 +27,6 @@ import (
 	"github.com/gpud/gpud/internal/nvidia"
 	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/preempt"
-	"github.com/gpud/gpud/internal/safefs"
 	"github.com/gpud/gpud/internal/workload"
 	"github.com/gpud/gpud/internal/workload/cri"
 	wdocker "github.com/gpud/gpud/internal/workload/docker"
@@ -90,18 +88,14 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	// Every directory gpud writes in must be one only root can change.
-	if err := safefs.CheckDirs(
-		safefs.Need{Setting: "state-file", File: cfg.StateFile, Perm: 0o755},
-		safefs.Need{Setting: "state-dir", Dir: cfg.StateDir, Perm: 0o755},
-		safefs.Need{Setting: "control-socket", File: cfg.ControlSocket, Perm: 0o755},
-		safefs.Need{Setting: "checkpoint-root", Dir: cfg.CheckpointRoot, Perm: 0o755},
-	); err != nil {
+	if err := cfg.CheckDirs(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	d := &Daemon{cfg: cfg, log: log, gpus: gpus}
 	d.monitoring.Store(occupancy.LastMonitoring(cfg.StateFile, log))
-	d.openNVML()
+	if cfg.UseNVML || cfg.NVML != nil {
+		d.nvml = nvidia.Open(cfg.NVML, d.gpus, log)
+	}
 
 	root := cfg.CgroupRoot
 	mode := cgroups.Mode("given")
@@ -110,7 +104,7 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 			return nil, err
 		}
 	}
-	if d.mon, err = loadKernel(cfg.Run, root, gpus, d.monitoring.Load(), log); err != nil {
+	if d.mon, err = gate.Attach(bpf.Options{CgroupRoot: root, RingBytes: cfg.RingBytes, PinDir: cfg.PinDir}, gpus, d.monitoring.Load(), cfg.KeepEnforcing, log); err != nil {
 		return nil, err
 	}
 	d.ledger = occupancy.NewLedger(gpus, cfg.IdleAfter)
@@ -168,57 +162,8 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	return d, nil
 }
 
-// openNVML loads NVML when asked to; without it activity is GPU opens only.
-func (d *Daemon) openNVML() {
-	if !d.cfg.UseNVML && d.cfg.NVML == nil {
-		return
-	}
-	n := d.cfg.NVML
-	if n == nil {
-		n = nvidia.New()
-	}
-	if err := n.Init(); err != nil {
-		d.log.Warn("NVML unavailable: activity is GPU opens only", "error", err)
-		return
-	}
-	d.nvml = n
-	if unknown := n.Annotate(d.gpus); len(unknown) > 0 {
-		d.log.Warn("device nodes NVML does not know", "gpus", unknown)
-	}
-}
-
 // enforced reports whether the gate applies the rules to gpu's opens now.
 func (d *Daemon) enforced(gpu int) bool { return d.enforcing() && d.mon.Protected(uint32(gpu)) }
-
-// loadKernel loads and attaches the kernel programs; gpud's own cgroup is
-// exempt from the gate unless it is the root, which would exempt the host.
-// A GPU the gate cannot protect is said, and shown as not enforced.
-func loadKernel(cfg config.Run, root string, gpus []occupancy.GPU, monitoring bool, log *slog.Logger) (*bpf.Monitor, error) {
-	devs := map[uint32]uint32{}
-	for _, g := range gpus {
-		if len(g.Aliases) > 0 {
-			log.Warn("device nodes of one GPU merged", "gpu", g.Index, "device", g.Device, "aliases", g.Aliases)
-		}
-		if dev, ok := bpf.KernelDev(g.Major, g.Minor); ok {
-			devs[dev] = uint32(g.Index)
-		}
-	}
-	selfCgroup := uint64(0)
-	if info, err := cgroups.ReadProc(os.Getpid()); err == nil && info.V2Path != "/" && info.V2Path != "" {
-		if id, err := cgroups.ID(filepath.Join(root, info.V2Path)); err == nil {
-			selfCgroup = id
-		}
-	}
-	mon, err := bpf.Setup(bpf.Options{CgroupRoot: root, RingBytes: cfg.RingBytes, PinDir: cfg.PinDir}, devs, monitoring, uint32(os.Getpid()), selfCgroup)
-	if errors.Is(err, bpf.ErrUnprotected) {
-		log.Error("GPUs the gate cannot protect: their opens are not judged", "error", err)
-		err = nil
-	}
-	if err == nil {
-		mon.KeepGate(cfg.KeepEnforcing)
-	}
-	return mon, err
-}
 
 // ledgerChanged is the ledger's change hook: the state file and the
 // lender's device list follow it.

@@ -21,20 +21,6 @@ import (
 
 const nobody = 65534 // a local unprivileged user
 
-func mkdirOwned(t *testing.T, p string, mode os.FileMode, uid int) string {
-	t.Helper()
-	if err := os.MkdirAll(p, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chmod(p, mode); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Lchown(p, uid, uid); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
 // gpud refuses to start, with an error naming the setting, when one of its
 // directories is one another user can write in: the README's old example
 // (a state file directly in /tmp), a sticky world-writable state dir where
@@ -51,7 +37,7 @@ func TestStartRefusesDirsOthersCanWrite(t *testing.T) {
 			return func(t *testing.T) { os.Remove(e.cfg.StateFile) }
 		}},
 		{"state-dir", func(e *env) func(*testing.T) {
-			shared := mkdirOwned(t, filepath.Join(e.dir, "shared"), 0o777|os.ModeSticky, 0)
+			shared := testutil.MkdirOwned(t, filepath.Join(e.dir, "shared"), 0o777|os.ModeSticky, 0)
 			target := filepath.Join(e.dir, "root-only-file")
 			if err := os.WriteFile(target, []byte("root's\n"), 0o600); err != nil {
 				t.Fatal(err)
@@ -69,11 +55,11 @@ func TestStartRefusesDirsOthersCanWrite(t *testing.T) {
 			}
 		}},
 		{"control-socket", func(e *env) func(*testing.T) {
-			e.cfg.ControlSocket = filepath.Join(mkdirOwned(t, filepath.Join(e.dir, "theirs"), 0o755, nobody), "gpud.sock")
+			e.cfg.ControlSocket = filepath.Join(testutil.MkdirOwned(t, filepath.Join(e.dir, "theirs"), 0o755, nobody), "gpud.sock")
 			return nil
 		}},
 		{"checkpoint-root", func(e *env) func(*testing.T) {
-			e.cfg.CheckpointRoot = mkdirOwned(t, filepath.Join(e.dir, "ckpt"), 0o775, 0)
+			e.cfg.CheckpointRoot = testutil.MkdirOwned(t, filepath.Join(e.dir, "ckpt"), 0o775, 0)
 			return nil
 		}},
 	} {

@@ -1,9 +1,7 @@
 package daemon_test
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -160,22 +158,12 @@ func (m *manyVictims) trial(tb testing.TB, n int) (float64, []int) {
 
 // journalKills reads the journal file: the last record of each id, for
 // kill records.
-func journalKills(tb testing.TB, stateDir string) map[string]preempt.Record {
-	tb.Helper()
-	f, err := os.Open(filepath.Join(stateDir, "preemptions.jsonl"))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer f.Close()
+func journalKills(t *testing.T, stateDir string) map[string]preempt.Record {
+	t.Helper()
 	out := map[string]preempt.Record{}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		var r preempt.Record
-		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
-			tb.Fatalf("journal line %q: %v", sc.Text(), err)
-		}
+	for id, r := range journalRecords(t, filepath.Join(stateDir, "preemptions.jsonl")) {
 		if r.Action == preempt.ActionKill {
-			out[r.ID] = r
+			out[id] = r
 		}
 	}
 	return out

@@ -94,15 +94,9 @@ func (d *Daemon) metricsSnapshot() metrics.Snapshot {
 
 // holderNames names a holder's workload for its metric labels.
 func (d *Daemon) holderNames(h v1.StateHolder) (namespace, pod, container string) {
-	w, ok := d.registry.Lookup(occupancy.ProcInfo{CgroupID: h.CgroupID, ContainerID: h.ContainerID, PodUID: h.PodUID})
-	switch {
-	case !ok:
-	case w.PodUID == "":
-		container = w.Name
-	case d.pods != nil:
-		namespace, pod, container = w.Namespace, w.Name, d.pods.ContainerName(w.Namespace, w.Name, h.ContainerID)
-	default:
-		namespace, pod = w.Namespace, w.Name
+	var containerName func(namespace, name, containerID string) string
+	if d.pods != nil {
+		containerName = d.pods.ContainerName
 	}
-	return namespace, pod, container
+	return d.registry.Names(occupancy.ProcInfo{CgroupID: h.CgroupID, ContainerID: h.ContainerID, PodUID: h.PodUID}, containerName)
 }

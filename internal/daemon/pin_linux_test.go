@@ -9,39 +9,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/link"
 	"github.com/gpud/gpud/bpf"
-	"github.com/gpud/gpud/internal/cgroups"
 	"github.com/gpud/gpud/internal/preempt"
 	"github.com/gpud/gpud/internal/testutil"
 	"golang.org/x/sys/unix"
 )
-
-// gatePrograms lists the device-cgroup programs attached at the cgroup v2
-// root, by id.
-func gatePrograms(t *testing.T) []ebpf.ProgramID {
-	t.Helper()
-	root, _, err := cgroups.V2Root()
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.Open(root)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	res, err := link.QueryPrograms(link.QueryOptions{Target: int(f.Fd()), Attach: ebpf.AttachCGroupDevice})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ids []ebpf.ProgramID
-	for _, p := range res.Programs {
-		ids = append(ids, p.ID)
-	}
-	slices.Sort(ids)
-	return ids
-}
 
 func pinDir(t *testing.T) string {
 	dir := fmt.Sprintf("/sys/fs/bpf/gpud-test-%d", time.Now().UnixNano())
@@ -66,9 +38,9 @@ func TestPinnedGateAcrossRestarts(t *testing.T) {
 	e.cfg.PinDir = pinDir(t)
 	e.cfg.KeepEnforcing = true
 	e.cfg.FailOpenAfter = 3 * time.Second
-	before := gatePrograms(t)
+	before := testutil.DeviceGates(t)
 	e.start()
-	first := gatePrograms(t)
+	first := testutil.DeviceGates(t)
 	if len(first) != len(before)+1 {
 		t.Fatalf("gates attached: %v before, %v with gpud", before, first)
 	}
@@ -81,7 +53,7 @@ func TestPinnedGateAcrossRestarts(t *testing.T) {
 	low := e.container("pin-low", "gpud.io/priority=low")
 	e.stop() // as a crash does: the process's fds close, the pin stays
 	stopped := time.Now()
-	if got := gatePrograms(t); !slices.Equal(got, first) {
+	if got := testutil.DeviceGates(t); !slices.Equal(got, first) {
 		t.Fatalf("gate after gpud stopped: %v, want %v", got, first)
 	}
 	if got := low.tryOpen(0); !strings.Contains(got, "Operation not permitted") {
@@ -98,7 +70,7 @@ func TestPinnedGateAcrossRestarts(t *testing.T) {
 	// The next gpud: the same link, its own program on it.
 	e.stop = e.startDaemon()
 	testutil.Eventually(t, 10*time.Second, "the new gpud took the gate over", func() bool {
-		got := gatePrograms(t)
+		got := testutil.DeviceGates(t)
 		return len(got) == len(first) && !slices.Equal(got, first) && strings.Contains(e.logs.String(), "took over the gate")
 	})
 	low2 := e.container("pin-low2", "gpud.io/priority=low")
@@ -112,7 +84,7 @@ func TestPinnedGateAcrossRestarts(t *testing.T) {
 	// A clean stop without keep-enforcing detaches and unpins.
 	e.d.Monitor().KeepGate(false)
 	e.stop()
-	if got := gatePrograms(t); !slices.Equal(got, before) {
+	if got := testutil.DeviceGates(t); !slices.Equal(got, before) {
 		t.Fatalf("gates after a clean stop: %v, want %v", got, before)
 	}
 	if _, err := os.Stat(filepath.Join(e.cfg.PinDir, "gate")); !os.IsNotExist(err) {
@@ -125,16 +97,16 @@ func TestUninstallRemovesPinnedGate(t *testing.T) {
 	e := enforcingEnv(t, preempt.ReclaimNone)
 	e.cfg.PinDir = pinDir(t)
 	e.cfg.KeepEnforcing = true
-	before := gatePrograms(t)
+	before := testutil.DeviceGates(t)
 	e.start()
 	e.stop()
-	if got := gatePrograms(t); len(got) != len(before)+1 {
+	if got := testutil.DeviceGates(t); len(got) != len(before)+1 {
 		t.Fatalf("gates after a stop that keeps enforcing: %v (before %v)", got, before)
 	}
 	if err := bpf.Uninstall(e.cfg.PinDir); err != nil {
 		t.Fatal(err)
 	}
-	if got := gatePrograms(t); !slices.Equal(got, before) {
+	if got := testutil.DeviceGates(t); !slices.Equal(got, before) {
 		t.Fatalf("gates after uninstall: %v, want %v", got, before)
 	}
 	var st unix.Stat_t

@@ -24,31 +24,17 @@ func base(t *testing.T) string {
 	return d
 }
 
-func mkdir(t *testing.T, p string, mode os.FileMode, uid int) string {
-	t.Helper()
-	if err := os.Mkdir(p, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chmod(p, mode); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Lchown(p, uid, uid); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
 // Directories gpud must refuse, and ones it may use.
 func TestOpenDirRule(t *testing.T) {
 	b := base(t)
-	sticky := mkdir(t, filepath.Join(b, "tmp"), 0o777|os.ModeSticky, 0)
-	open := mkdir(t, filepath.Join(b, "open"), 0o777, 0)
-	group := mkdir(t, filepath.Join(b, "group"), 0o775, 0)
-	theirs := mkdir(t, filepath.Join(b, "theirs"), 0o755, nobody)
-	mine := mkdir(t, filepath.Join(sticky, "mine"), 0o755, 0)
-	stickyTheirs := mkdir(t, filepath.Join(b, "tmp-theirs"), 0o777|os.ModeSticky, nobody)
-	mkdir(t, filepath.Join(stickyTheirs, "in"), 0o755, 0)
-	safe := mkdir(t, filepath.Join(b, "safe"), 0o755, 0)
+	sticky := testutil.MkdirOwned(t, filepath.Join(b, "tmp"), 0o777|os.ModeSticky, 0)
+	open := testutil.MkdirOwned(t, filepath.Join(b, "open"), 0o777, 0)
+	group := testutil.MkdirOwned(t, filepath.Join(b, "group"), 0o775, 0)
+	theirs := testutil.MkdirOwned(t, filepath.Join(b, "theirs"), 0o755, nobody)
+	mine := testutil.MkdirOwned(t, filepath.Join(sticky, "mine"), 0o755, 0)
+	stickyTheirs := testutil.MkdirOwned(t, filepath.Join(b, "tmp-theirs"), 0o777|os.ModeSticky, nobody)
+	testutil.MkdirOwned(t, filepath.Join(stickyTheirs, "in"), 0o755, 0)
+	safe := testutil.MkdirOwned(t, filepath.Join(b, "safe"), 0o755, 0)
 	if err := os.Symlink(safe, filepath.Join(b, "link")); err != nil { // root's link in a safe dir
 		t.Fatal(err)
 	}
@@ -98,7 +84,7 @@ func TestOpenDirRule(t *testing.T) {
 	}
 	// A directory another user slipped in before gpud made it is refused,
 	// not used.
-	race := mkdir(t, filepath.Join(sticky, "gpud"), 0o755, nobody)
+	race := testutil.MkdirOwned(t, filepath.Join(sticky, "gpud"), 0o755, nobody)
 	if _, err := OpenDir(race, 0o755); !errors.Is(err, ErrUnsafe) {
 		t.Errorf("a directory another user made first: %v", err)
 	}
@@ -164,7 +150,7 @@ func TestFilesNeverThroughSymlinks(t *testing.T) {
 	if _, err := d.SubDir("task", 0o755); !errors.Is(err, ErrUnsafe) {
 		t.Errorf("SubDir through a symlink: %v", err)
 	}
-	own := mkdir(t, filepath.Join(d.Path, "task2"), 0o755, nobody)
+	own := testutil.MkdirOwned(t, filepath.Join(d.Path, "task2"), 0o755, nobody)
 	sd, err := d.SubDir("task2", 0o755)
 	if err != nil {
 		t.Fatal(err)

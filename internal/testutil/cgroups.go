@@ -73,3 +73,19 @@ func removeCgroup(dir string) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// MkdirOwned makes directory p (and its missing parents) with mode, owned
+// by uid: the directories a local user could make or hand gpud.
+func MkdirOwned(tb testing.TB, p string, mode os.FileMode, uid int) string {
+	tb.Helper()
+	if err := os.MkdirAll(p, 0o700); err != nil {
+		tb.Fatal(err)
+	}
+	if err := os.Chmod(p, mode); err != nil {
+		tb.Fatal(err)
+	}
+	if err := os.Lchown(p, uid, uid); err != nil {
+		tb.Fatal(err)
+	}
+	return p
+}

@@ -405,3 +405,20 @@ func (r *Registry) Workloads() []Workload {
 	}
 	return out
 }
+
+// Names names a process's workload as metrics label it: a pod's namespace
+// and name, and its container's name when containerName (the API server's
+// view, nil without one) knows it; a container's name; "" where unknown.
+func (r *Registry) Names(info occupancy.ProcInfo, containerName func(namespace, name, containerID string) string) (namespace, pod, container string) {
+	w, ok := r.Lookup(info)
+	switch {
+	case !ok:
+	case w.PodUID == "":
+		container = w.Name
+	case containerName != nil:
+		namespace, pod, container = w.Namespace, w.Name, containerName(w.Namespace, w.Name, info.ContainerID)
+	default:
+		namespace, pod = w.Namespace, w.Name
+	}
+	return namespace, pod, container
+}
