@@ -135,7 +135,7 @@ func New(version string, src Source) *Metrics {
 		stateFailures:   desc("state_write_failures_total", "State file writes that failed (a full disk, say); each failure is retried on a timer until a write succeeds."),
 		journalFailures: desc("journal_write_failures_total", "Preemption journal writes that failed; a record cut short is truncated away and the record kept and retried until written."),
 		journalPending:  desc("journal_pending_records", "Preemption records waiting to be written to the journal after a failed write."),
-		gpuEnforced:     desc("gpu_enforced", "1 while the kernel gate applies the priority rules to the GPU's opens; 0 under --enforce=false or when the gate cannot protect this GPU (see gpud's log).", "gpu", "UUID"),
+		gpuEnforced:     desc("gpu_enforced", "1 while the kernel gate applies the priority rules to the GPU's opens; 0 under --enforce=false, with monitoring off, or when the gate cannot protect this GPU (see gpud's log).", "gpu", "UUID"),
 	}
 	m.reg.MustRegister(m.opens, m.preemptions, m.latency, m.buildInfo, collector{m},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -266,7 +266,7 @@ func (m *Metrics) Handler(ready func() bool) http.Handler {
 // the lent GPUs.
 func GPUsOf(f v1.StateFile, now time.Time, names func(v1.StateHolder) (namespace, pod, container string)) (gpus []GPU, lent int) {
 	for _, g := range f.GPUs {
-		mg := GPU{Index: g.Index, UUID: g.UUID, Device: g.Device, State: string(g.State)}
+		mg := GPU{Index: g.Index, UUID: g.UUID, Device: g.Device, State: string(g.State), Enforced: g.Enforced != nil && *g.Enforced}
 		if g.IdleSince != nil {
 			mg.IdleSeconds = now.Sub(*g.IdleSince).Seconds()
 		}
