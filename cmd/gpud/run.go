@@ -98,6 +98,7 @@ func runFlags() (*flag.FlagSet, *runOptions) {
 	fs.StringVar(&cfg.HostDevDir, "host-dev-dir", "", "--dev-dir as the host sees it, for lent device nodes when gpud runs in a pod (default: the same)")
 	fs.BoolVar(&cfg.LendFree, "lend-free", false, "also lend GPUs nobody holds (not only idle ones)")
 	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", def.MetricsAddr, "Prometheus /metrics, /healthz and /readyz listen address (empty disables)")
+	fs.StringVar(&cfg.PprofAddr, "pprof-addr", def.PprofAddr, "serve Go profiles (/debug/pprof/) on this loopback address, e.g. 127.0.0.1:6060 (empty disables; loopback only)")
 	fs.StringVar(&cfg.PinDir, "bpf-pin-dir", def.PinDir, "bpffs directory where the gate stays pinned across gpud restarts and crashes (empty: the gate goes with the process)")
 	fs.BoolVar(&cfg.KeepEnforcing, "keep-enforcing", def.KeepEnforcing, "on stop, leave the pinned gate enforcing the last decisions until --fail-open-after (false: remove it)")
 	fs.BoolVar(&o.uninstall, "uninstall", false, "remove the pinned gate and its directory left by a previous gpud, then exit")
@@ -146,6 +147,9 @@ func loadRun(args []string, src config.Sources) (*runOptions, *config.Settings, 
 		if v < 0 {
 			return nil, nil, bad(name, "must not be negative, got %s", v)
 		}
+	}
+	if err := checkLoopback(cfg.PprofAddr); err != nil {
+		return nil, nil, bad("pprof-addr", "%v", err)
 	}
 	if strings.TrimSpace(cfg.StateFile) == "" {
 		return nil, nil, bad("state-file", "is empty")
@@ -222,6 +226,11 @@ func cmdRun(args []string) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	if o.cfg.PprofAddr != "" {
+		if err := servePprof(ctx, o.cfg.PprofAddr, log); err != nil {
+			return fmt.Errorf("run: --pprof-addr: %w", err)
+		}
+	}
 	r := &reloader{args: args, d: d, log: log, level: level, running: compared(s)}
 	go func() {
 		for {
