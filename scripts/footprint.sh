@@ -27,9 +27,12 @@ t0=$(ticks); s0=$(date +%s.%N)
 sleep "$secs"
 t1=$(ticks); s1=$(date +%s.%N)
 rss=$(awk '/VmRSS/{print $2}' "/proc/$gpid/status")
+anon=$(awk '/RssAnon/{print $2}' "/proc/$gpid/status")
+file=$(awk '/RssFile/{print $2}' "/proc/$gpid/status")
+# The ring buffer's pages (mapped twice by the reader, so counted twice; in RssFile).
+ring=$(awk '/^[0-9a-f]+-[0-9a-f]+ /{m=($6=="anon_inode:bpf-map")} m&&/^Rss:/{s+=$2} END{print s+0}' "/proc/$gpid/smaps")
 hz=$(getconf CLK_TCK)
 nprocs=$(ls -d /proc/[0-9]* | wc -l)
-awk -v r="$rss" -v t="$((t1 - t0))" -v hz="$hz" -v s0="$s0" -v s1="$s1" -v np="$nprocs" \
-	'BEGIN{printf "rss_mib=%.1f cpu_pct=%.3f procs=%d\n", r/1024, 100*t/hz/(s1-s0), np}'
-grep -c holders "$dir/state/state.json" >/dev/null || true
+awk -v r="$rss" -v a="$anon" -v f="$file" -v g="$ring" -v t="$((t1 - t0))" -v hz="$hz" -v s0="$s0" -v s1="$s1" -v np="$nprocs" \
+	'BEGIN{printf "rss_mib=%.1f anon_mib=%.1f ring_mib=%.1f file_mib=%.1f cpu_pct=%.3f procs=%d\n", r/1024, a/1024, g/1024, (f-g)/1024, 100*t/hz/(s1-s0), np}'
 if [[ -n "${KEEP_LOG:-}" ]]; then cp "$dir/log" "$KEEP_LOG"; fi

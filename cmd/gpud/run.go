@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -219,6 +220,10 @@ func cmdRun(args []string) error {
 		}
 		return err
 	}
+	// Start-up's garbage (the kernel's BTF decoded for the programs'
+	// relocations, the first /proc scan) goes back to the OS now, not over
+	// the scavenger's minutes: most of an idle gpud's heap was that.
+	debug.FreeOSMemory()
 	if s.Explicit("monitoring") && d.Monitoring() != o.monitoring {
 		if err := d.SetMonitoring(o.monitoring); err != nil {
 			return fmt.Errorf("run: monitoring switch: %w", err)
