@@ -326,3 +326,28 @@ func TestBinaryBadSettings(t *testing.T) {
 		})
 	}
 }
+
+// TestPprofAddrLoopbackOnly: Go's profiles (gpud's memory) are served on
+// loopback only and only when asked; every other address is refused with
+// the setting named, from a flag as from the file.
+func TestPprofAddrLoopbackOnly(t *testing.T) {
+	o, _, err := loadRun(nil, fakeSources(nil, nil))
+	if err != nil || o.cfg.PprofAddr != "" {
+		t.Fatalf("default: %q, %v; want off", o.cfg.PprofAddr, err)
+	}
+	for _, ok := range []string{"127.0.0.1:6060", "[::1]:6060", "localhost:0", "127.0.0.2:1"} {
+		if o, _, err := loadRun([]string{"--pprof-addr", ok}, fakeSources(nil, nil)); err != nil || o.cfg.PprofAddr != ok {
+			t.Errorf("--pprof-addr %s: %v", ok, err)
+		}
+	}
+	for _, bad := range []string{":6060", "0.0.0.0:6060", "[::]:6060", "10.0.0.1:6060", "example.com:6060", "127.0.0.1"} {
+		_, _, err := loadRun([]string{"--pprof-addr", bad}, fakeSources(nil, nil))
+		if err == nil || !strings.Contains(err.Error(), "pprof-addr") {
+			t.Errorf("--pprof-addr %s: err = %v, want a refusal naming pprof-addr", bad, err)
+		}
+	}
+	files := map[string]string{"/etc/gpud.yaml": "version: v1\npprof-addr: \"0.0.0.0:6060\"\n"}
+	if _, _, err := loadRun(nil, fakeSources(map[string]string{"GPUD_CONFIG": "/etc/gpud.yaml"}, files)); err == nil {
+		t.Error("pprof-addr 0.0.0.0:6060 from the file accepted")
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -98,6 +99,7 @@ func runFlags() (*flag.FlagSet, *runOptions) {
 	fs.StringVar(&cfg.HostDevDir, "host-dev-dir", "", "--dev-dir as the host sees it, for lent device nodes when gpud runs in a pod (default: the same)")
 	fs.BoolVar(&cfg.LendFree, "lend-free", false, "also lend GPUs nobody holds (not only idle ones)")
 	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", def.MetricsAddr, "Prometheus /metrics, /healthz and /readyz listen address (empty disables)")
+	fs.StringVar(&cfg.PprofAddr, "pprof-addr", def.PprofAddr, "serve Go profiles (/debug/pprof/) on this loopback address, e.g. 127.0.0.1:6060 (empty disables; loopback only)")
 	fs.StringVar(&cfg.PinDir, "bpf-pin-dir", def.PinDir, "bpffs directory where the gate stays pinned across gpud restarts and crashes (empty: the gate goes with the process)")
 	fs.BoolVar(&cfg.KeepEnforcing, "keep-enforcing", def.KeepEnforcing, "on stop, leave the pinned gate enforcing the last decisions until --fail-open-after (false: remove it)")
 	fs.BoolVar(&o.uninstall, "uninstall", false, "remove the pinned gate and its directory left by a previous gpud, then exit")
@@ -146,6 +148,9 @@ func loadRun(args []string, src config.Sources) (*runOptions, *config.Settings, 
 		if v < 0 {
 			return nil, nil, bad(name, "must not be negative, got %s", v)
 		}
+	}
+	if err := checkLoopback(cfg.PprofAddr); err != nil {
+		return nil, nil, bad("pprof-addr", "%v", err)
 	}
 	if strings.TrimSpace(cfg.StateFile) == "" {
 		return nil, nil, bad("state-file", "is empty")
@@ -225,9 +230,18 @@ func cmdRun(args []string) error {
 		log.Info("stopped during start-up")
 		return d.Close()
 	}
+	// Start-up's garbage (the kernel's BTF decoded for the programs'
+	// relocations, the first /proc scan) goes back to the OS now, not over
+	// the scavenger's minutes: most of an idle gpud's heap was that.
+	debug.FreeOSMemory()
 	if s.Explicit("monitoring") && d.Monitoring() != o.monitoring {
 		if err := d.SetMonitoring(o.monitoring); err != nil {
 			return errors.Join(fmt.Errorf("run: monitoring switch: %w", err), d.Close())
+		}
+	}
+	if o.cfg.PprofAddr != "" {
+		if err := servePprof(ctx, o.cfg.PprofAddr, log); err != nil {
+			return errors.Join(fmt.Errorf("run: --pprof-addr: %w", err), d.Close())
 		}
 	}
 	r := &reloader{args: args, d: d, log: log, level: level, running: compared(s)}

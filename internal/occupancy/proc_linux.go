@@ -1,13 +1,15 @@
 package occupancy
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"unsafe"
 
 	"github.com/gpud/gpud/internal/cgroups"
 	"golang.org/x/sys/unix"
@@ -109,51 +111,75 @@ const kcmpFiles = 2 // KCMP_FILES (linux/kcmp.h)
 
 // tableFDs adds the GPU fds of the fd table under base (/proc/<pid> or
 // /proc/<pid>/task/<tid>) to out, and returns how many fds the table has.
+//
+// It runs for every process at each resync (minutes apart, thousands of
+// processes), so it costs one statx per fd and no path string per entry:
+// the fd directory is read through its own descriptor into a reused
+// buffer and each fd is looked at relative to it. Only anonymous inodes
+// (epoll, eventfd, io_uring, …) have their link read, to find io_uring
+// rings; sockets, pipes, regular files and other devices are passed over
+// on their type and device number. AT_STATX_DONT_SYNC: a file on a hung
+// network filesystem is not asked about (its cached type is enough).
 func (p *ProcFS) tableFDs(pid int, base string, out map[int][]int32) (int, error) {
 	dir := filepath.Join(base, "fd")
-	ents, err := os.ReadDir(dir)
+	dfd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ESRCH) {
+		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ESRCH) {
 			return 0, fmt.Errorf("%w: %d", ErrNoProcess, pid)
 		}
 		return 0, fmt.Errorf("occupancy: reading %s: %w", dir, err)
 	}
-	for _, e := range ents {
-		fd, err := strconv.Atoi(e.Name())
+	defer unix.Close(dfd)
+	sc := scratchPool.Get().(*scratch)
+	defer scratchPool.Put(sc)
+	count := 0
+	for {
+		n, err := unix.Getdents(dfd, sc.dents)
 		if err != nil {
-			continue
+			if errors.Is(err, unix.ESRCH) || errors.Is(err, unix.ENOENT) {
+				return 0, fmt.Errorf("%w: %d", ErrNoProcess, pid)
+			}
+			return 0, fmt.Errorf("occupancy: reading %s: %w", dir, err)
 		}
-		link := filepath.Join(dir, e.Name())
-		target, err := os.Readlink(link)
-		if err != nil {
-			continue // closed meanwhile
+		if n <= 0 {
+			break
 		}
-		if target == "anon_inode:[io_uring]" {
+		for buf := sc.dents[:n]; len(buf) > 0; {
+			name, rest, ok := nextDirent(buf)
+			if !ok {
+				break
+			}
+			buf = rest
+			fd, ok := atoiBytes(name)
+			if !ok {
+				continue // "." and ".."
+			}
+			count++
+			sc.name = append(append(sc.name[:0], name...), 0)
+			var stx unix.Statx_t
+			if err := statxAt(dfd, sc.name, &stx); err != nil {
+				continue // closed meanwhile
+			}
+			if uint32(stx.Mode)&unix.S_IFMT == unix.S_IFCHR {
+				rdev := unix.Mkdev(stx.Rdev_major, stx.Rdev_minor)
+				if gpu, ok := p.Devs[rdev]; ok && !pathOnly(base, fd) {
+					out[gpu] = append(out[gpu], int32(fd))
+				}
+				continue
+			}
+			if ad := anonDev(); ad != 0 && unix.Mkdev(stx.Dev_major, stx.Dev_minor) != ad {
+				continue
+			}
 			// Files registered in an io_uring's fixed-file table are held
 			// without an fd of their own: slot k counts as fd -(k+1).
-			for gpu, slots := range p.ringFiles(pid, base, fd) {
-				out[gpu] = append(out[gpu], slots...)
+			if n, err := readlinkAt(dfd, sc.name, sc.link); err == nil && string(sc.link[:n]) == "anon_inode:[io_uring]" {
+				for gpu, slots := range p.ringFiles(pid, base, fd) {
+					out[gpu] = append(out[gpu], slots...)
+				}
 			}
-			continue
-		}
-		// Only device files can be GPUs; skip sockets, pipes, anon inodes
-		// without touching them.
-		if strings.HasPrefix(target, "socket:") || strings.HasPrefix(target, "pipe:") ||
-			strings.HasPrefix(target, "anon_inode:") || strings.HasPrefix(target, "[") {
-			continue
-		}
-		var st unix.Stat_t
-		if err := unix.Stat(link, &st); err != nil {
-			continue
-		}
-		if st.Mode&unix.S_IFMT != unix.S_IFCHR {
-			continue
-		}
-		if gpu, ok := p.Devs[st.Rdev]; ok && !pathOnly(base, fd) {
-			out[gpu] = append(out[gpu], int32(fd))
 		}
 	}
-	return len(ents), nil
+	return count, nil
 }
 
 // HoldsGPU reports whether pid holds gpu now. The fds in hint (those the
@@ -178,6 +204,84 @@ func (p *ProcFS) HoldsGPU(pid, gpu int, hint []int32) bool {
 	fds, err := p.GPUFDs(pid)
 	return err == nil && len(fds[gpu]) > 0
 }
+
+// scratch is GPUFDs' reused buffers: a getdents buffer, a NUL-terminated
+// name, a link target.
+type scratch struct{ dents, name, link []byte }
+
+var scratchPool = sync.Pool{New: func() any {
+	return &scratch{dents: make([]byte, 8<<10), name: make([]byte, 0, 16), link: make([]byte, 64)}
+}}
+
+// nextDirent splits the first linux_dirent64 off buf and returns its name.
+func nextDirent(buf []byte) (name, rest []byte, ok bool) {
+	const nameOff = 19 // d_ino 8, d_off 8, d_reclen 2, d_type 1
+	if len(buf) < nameOff {
+		return nil, nil, false
+	}
+	reclen := int(*(*uint16)(unsafe.Pointer(&buf[16])))
+	if reclen < nameOff || reclen > len(buf) {
+		return nil, nil, false
+	}
+	name = buf[nameOff:reclen]
+	if i := bytes.IndexByte(name, 0); i >= 0 {
+		name = name[:i]
+	}
+	return name, buf[reclen:], true
+}
+
+// atoiBytes parses a non-negative decimal fd number.
+func atoiBytes(b []byte) (int, bool) {
+	if len(b) == 0 || len(b) > 9 {
+		return 0, false
+	}
+	n := 0
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int(c-'0')
+	}
+	return n, true
+}
+
+// statxAt is statx(dirfd, name) with the type and device numbers only,
+// from cached attributes: name is NUL-terminated, so nothing is allocated.
+func statxAt(dirfd int, name []byte, stx *unix.Statx_t) error {
+	_, _, e := unix.Syscall6(unix.SYS_STATX, uintptr(dirfd), uintptr(unsafe.Pointer(&name[0])),
+		uintptr(unix.AT_STATX_DONT_SYNC), uintptr(unix.STATX_TYPE), uintptr(unsafe.Pointer(stx)), 0)
+	if e != 0 {
+		return e
+	}
+	return nil
+}
+
+// readlinkAt is readlinkat(dirfd, name) into buf; name is NUL-terminated.
+func readlinkAt(dirfd int, name, buf []byte) (int, error) {
+	n, _, e := unix.Syscall6(unix.SYS_READLINKAT, uintptr(dirfd), uintptr(unsafe.Pointer(&name[0])),
+		uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)), 0, 0)
+	if e != 0 {
+		return 0, e
+	}
+	return int(n), nil
+}
+
+// anonDev is the device number of the anonymous-inode filesystem (where
+// io_uring rings, epoll and eventfd files live), learnt once from an
+// eventfd of gpud's own. 0 if unknown: then every fd that is not a
+// character device has its link read, as before this shortcut.
+var anonDev = sync.OnceValue(func() uint64 {
+	fd, err := unix.Eventfd(0, unix.EFD_CLOEXEC)
+	if err != nil {
+		return 0
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return 0
+	}
+	return st.Dev
+})
 
 // oPath is O_PATH as /proc/<pid>/fdinfo prints flags (octal).
 const oPath = 0o10000000

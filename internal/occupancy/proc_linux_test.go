@@ -127,10 +127,10 @@ func TestProcFSFake(t *testing.T) {
 	p.link(123, "6", filepath.Join(p.root, "123", "stat"))
 	p.link(123, "7", "/nonexistent") // closed meanwhile
 	p.link(123, "x", "/dev/null")    // not an fd number
-	// Targets the kernel gives sockets, pipes and anon inodes are skipped
-	// without a stat: here they would resolve (relative to fd/) to /dev/null.
+	// Targets the kernel gives sockets, pipes and anon inodes: in the real
+	// /proc they stat as what they are (TestProcFSRealGPUFDs), here they
+	// resolve to nothing and are skipped.
 	for i, target := range []string{"socket:[123]", "pipe:[456]", "anon_inode:[eventfd]", "[aio]"} {
-		p.link(123, target, "/dev/null")
 		p.link(123, strconv.Itoa(20+i), target)
 	}
 	p.process(456, "idle", 1, "0::/system.slice/docker-"+ctrID+".scope\n")
@@ -317,6 +317,28 @@ func TestProcFSRealGPUFDs(t *testing.T) {
 		t.Cleanup(func() { f.Close() })
 		return f
 	}
+	// Other kinds of fds around them, and more fds than one getdents
+	// buffer holds, so the GPU fds come in a later read.
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	defer pw.Close()
+	sp, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(sp[0])
+	defer unix.Close(sp[1])
+	efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(efd)
+	for i := 0; i < 1000; i++ {
+		open("/dev/null")
+	}
 	a, b, c := open(fakes[0].Path), open(fakes[0].Path), open(fakes[1].Path)
 
 	fs := &ProcFS{Root: "/proc", Devs: Devs(gpus)}
@@ -367,4 +389,21 @@ func TestProcFSRealGPUFDs(t *testing.T) {
 	if want := map[int][]int32{0: {int32(a.Fd())}, 1: {int32(c.Fd())}}; !reflect.DeepEqual(fds, want) {
 		t.Errorf("after close: GPUFDs(self) = %v, want %v", fds, want)
 	}
+}
+
+// BenchmarkProcFSScanAll: one full /proc reconciliation of this machine,
+// as the periodic resync runs it (every process's fd directory). Root, to
+// read other processes' fds.
+func BenchmarkProcFSScanAll(b *testing.B) {
+	testutil.RequireRoot(b)
+	fs := &ProcFS{Root: "/proc", Devs: DevIndex{unix.Mkdev(1, 7): 0, unix.Mkdev(10, 229): 1}}
+	procs, _ := filepath.Glob("/proc/[0-9]*")
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, err := fs.ScanAll(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(len(procs)), "processes")
 }
