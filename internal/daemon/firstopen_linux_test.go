@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -14,19 +13,6 @@ import (
 	"github.com/gpud/gpud/internal/preempt"
 	"github.com/gpud/gpud/internal/testutil"
 )
-
-// firstOpenContainers is how many low containers TestGateFirstOpen starts:
-// GPUD_FIRST_OPEN_CONTAINERS, else 200 (the figure issue 13 asks for).
-func firstOpenContainers(t *testing.T) int {
-	if v := os.Getenv("GPUD_FIRST_OPEN_CONTAINERS"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			t.Fatalf("GPUD_FIRST_OPEN_CONTAINERS=%q: want a positive count", v)
-		}
-		return n
-	}
-	return 200
-}
 
 // Issue 13: low containers whose first instruction opens a GPU that a high
 // container holds. Each container's class is known at its create event and
@@ -40,7 +26,7 @@ func TestGateFirstOpen(t *testing.T) {
 	high := e.container("high", "gpud.io/priority=high")
 	highPID := high.hold(1) // 10:229: not on Docker's default device allow-list
 
-	n := firstOpenContainers(t)
+	n := testutil.Count(t, "GPUD_FIRST_OPEN_CONTAINERS", 200)
 	const workers = 6
 	var (
 		mu                      sync.Mutex

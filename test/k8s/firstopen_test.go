@@ -4,27 +4,12 @@ package k8s
 
 import (
 	"fmt"
-	"os"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/gpud/gpud/internal/testutil"
 )
-
-// firstOpenPods is how many low pods TestFirstOpenPodsNeverKeepAHighGPU
-// starts (GPUD_FIRST_OPEN_PODS overrides it).
-func firstOpenPods(t *testing.T) int {
-	if v := os.Getenv("GPUD_FIRST_OPEN_PODS"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n <= 0 {
-			t.Fatalf("GPUD_FIRST_OPEN_PODS=%q: want a positive count", v)
-		}
-		return n
-	}
-	return 100
-}
 
 // A high pod holds the GPU; low pods whose first instruction opens it are
 // started together. None may keep it: each is refused by the kernel gate
@@ -38,7 +23,7 @@ func TestFirstOpenPodsNeverKeepAHighGPU(t *testing.T) {
 	gpuPod(t, "fo-high", "high", gpu)
 	highPID := hold(t, holders, "fo-high")
 
-	n := firstOpenPods(t)
+	n := testutil.Count(t, "GPUD_FIRST_OPEN_PODS", 100)
 	var manifest strings.Builder
 	for i := 0; i < n; i++ {
 		// A subshell: a refused redirection must not end the pod's shell,
