@@ -13,7 +13,7 @@ FUZZTIME  ?= 10s
 IMAGE     ?= gpud.local/gpud:dev
 CLUSTER_DIR ?= /tmp/gpud-cluster
 
-.PHONY: all build generate test unit fuzz bench demo lint clean image test-k8s k8s cluster-up cluster-down
+.PHONY: all build generate check-generate test unit fuzz bench demo lint clean image test-k8s k8s cluster-up cluster-down
 
 all: build
 
@@ -24,6 +24,11 @@ build:
 generate:
 	scripts/deps.sh bpf
 	cd bpf && $(GO) generate ./...
+
+# Fails when the committed BPF objects are not what bpf/gpud.bpf.c gives.
+check-generate:
+	scripts/deps.sh bpf
+	GO=$(GO) scripts/check-generate.sh
 
 # Everything, privileged tests included: real BPF in the kernel, real Docker
 # containers. A private dockerd is started for the run and stopped after.
@@ -81,13 +86,19 @@ test-k8s: image k8s
 	$(GO) test -tags k8s -count=1 -timeout 15m ./test/k8s/
 
 # gofmt, go vet (k8s-tagged tests too), staticcheck, a build without cgo
-# (only internal/nvidia uses it), and docs/architecture.md's package table.
+# (only internal/nvidia uses it), the arm64 build and vet (Grace nodes), the
+# committed BPF objects against their C source, and docs/architecture.md's
+# package table.
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
 	$(GO) vet ./...
 	$(GO) vet -tags k8s ./test/...
 	$(GO) tool staticcheck ./...
 	CGO_ENABLED=0 $(GO) build -o /dev/null ./...
+	GOARCH=arm64 $(GO) build -o /dev/null ./...
+	GOARCH=arm64 $(GO) vet ./...
+	scripts/deps.sh bpf
+	GO=$(GO) scripts/check-generate.sh
 	scripts/check-architecture.sh
 
 clean:

@@ -81,7 +81,7 @@ func runFlags() (*flag.FlagSet, *runOptions) {
 	fs.StringVar(&cfg.CgroupRoot, "cgroup-root", "", "cgroup v2 mount point (default: detected)")
 	fs.Var(config.NewEnum(&o.nvml, "auto", "auto", "off"), "nvml", "use NVML for UUIDs and utilization: `auto|off`")
 	fs.Var(config.NewEnum(&o.logLevel, "info", "debug", "info", "warn", "error"), "log-level", "log level: `debug|info|warn|error` (reloadable)")
-	fs.BoolVar(&o.monitoring, "monitoring", true, "claim 2's switch at start; unset, the last run's (or gpud monitor's) setting stays (reloadable)")
+	fs.BoolVar(&o.monitoring, "monitoring", true, "the monitoring switch at start; unset, the last run's (or gpud monitor's) setting stays (reloadable)")
 	fs.BoolVar(&cfg.Enforce, "enforce", def.Enforce, "enforce the priority rules in the kernel gate (false: observe only)")
 	fs.DurationVar(&cfg.FailOpenAfter, "fail-open-after", def.FailOpenAfter, "the gate allows everything once gpud has not heartbeated for this long")
 	fs.Var(config.NewEnum(&o.defPrio, string(def.DefaultPriority), "unmanaged", "low", "high"), "default-priority", "class of workloads without the gpud.io/priority label: `unmanaged|low|high` (reloadable)")

@@ -267,7 +267,7 @@ func TestGateUnmanagedNeverTouched(t *testing.T) {
 	}
 }
 
-// Claim 5: two refused low requests; when the high holder leaves, the GPU
+// Earliest request first: two refused low requests; when the high holder leaves, the GPU
 // is reserved for the earliest, the later one is refused until the earliest
 // has opened, then it is its turn.
 func TestGateEarliestRequestFirst(t *testing.T) {
@@ -302,7 +302,7 @@ func TestGateEarliestRequestFirst(t *testing.T) {
 	}
 }
 
-// Claim 6: the notice is written before the kill into the task's checkpoint
+// Checkpoints: the notice is written before the kill into the task's checkpoint
 // directory; the task opening a GPU again marks the record resumed.
 func TestGateCheckpointAndResume(t *testing.T) {
 	e := enforcingEnv(t, preempt.ReclaimStop)

@@ -14,7 +14,7 @@ type Reloadable struct {
 	IdleAfter       time.Duration
 	DefaultPriority occupancy.Priority
 	PreemptGrace    time.Duration
-	// Monitoring, when set, flips claim 2's switch; nil leaves it as it is
+	// Monitoring, when set, flips the monitoring switch; nil leaves it as it is
 	// (as `gpud monitor` or the previous run left it).
 	Monitoring *bool
 }

@@ -21,7 +21,7 @@ import (
 // ErrNoSuchProcess is returned by Explain for a PID with no process.
 var ErrNoSuchProcess = errors.New("no such process")
 
-// reservedRule names the refusal of claim 5's reservations, which the gate
+// reservedRule names the refusal of a reservation's, which the gate
 // applies on top of the rule table.
 const reservedRule = "reserved for the earliest refused low-priority request: deny"
 

@@ -101,7 +101,7 @@ func (e *Executor) killAll(gpu int, rule string, preemptor Party, victims []Vict
 			e.log().Warn("journaling the kills' intents", "victims", len(intents), "error", err)
 		}
 	}
-	// The checkpoint notice (claim 6) is for the task's next start, and,
+	// The checkpoint notice is for the task's next start, and,
 	// with a grace period, for the task itself before it dies. It is never
 	// written durably before the kill: two fsyncs would put milliseconds
 	// (tens under I/O load) between the decision and the signal. With a

@@ -11,7 +11,7 @@ import (
 )
 
 // CheckpointFile is the file gpud writes into a task's checkpoint directory
-// before it kills the task (claim 6). The workload contract: on start, a
+// before it kills the task. The workload contract: on start, a
 // task that finds it (or GPUD_RESUME_FROM) resumes from its own checkpoint
 // in the same directory instead of starting over.
 const CheckpointFile = "gpud-preempted.json"

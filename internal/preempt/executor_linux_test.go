@@ -51,7 +51,7 @@ func preemptOne(t *testing.T, e *Executor, v Victim) Record {
 	return Record{}
 }
 
-// The checkpoint notice (claim 6) never costs the kill two fsyncs: with a
+// The checkpoint notice never costs the kill two fsyncs: with a
 // grace period the task reads it in its SIGTERM handler (visible before
 // the signal); without one it is written after the kill. Either way it is
 // on disk once the kill is recorded, and a victim that was not signalled

@@ -433,7 +433,7 @@ func (j *Journal) Health() JournalHealth {
 	return JournalHealth{j.failures, len(j.pending), j.lost, j.lastErr, j.lastAt}
 }
 
-// Resumed marks the newest kill record of a task as resumed (claim 6), once.
+// Resumed marks the newest kill record of a task as resumed, once.
 func (j *Journal) Resumed(taskID string, at time.Time) (Record, bool, error) {
 	j.mu.Lock()
 	defer j.mu.Unlock()

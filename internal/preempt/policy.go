@@ -1,7 +1,7 @@
-// Package preempt holds gpud's priority rules (patent claim 1) as data and
+// Package preempt holds gpud's priority rules as data and
 // one pure function, and the actions that carry out a verdict: killing
 // low-priority holders through pidfds, reclaiming their containers, and the
-// durable record of each preemption (claim 6's resume point included).
+// durable record of each preemption (the resume point included).
 package preempt
 
 import "github.com/gpud/gpud/internal/occupancy"
@@ -32,7 +32,7 @@ type Rule struct {
 	Verdict Verdict
 }
 
-// Rules is the table of DESIGN.md (patent claim 1), one row per case.
+// Rules is the table of DESIGN.md, one row per case.
 var Rules = []Rule{
 	{"low", occupancy.High, Verdict{Allow: true, KillHolders: true, Rule: "low-held/high-opens: preempt"}},
 	{"high", occupancy.High, Verdict{Allow: true, Rule: "high-held/high-opens: share"}},

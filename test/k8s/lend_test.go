@@ -68,7 +68,7 @@ func TestPodAdmittedBeforeRegistrationIsReported(t *testing.T) {
 	})
 }
 
-// Lending (claim 1) on the real kubelet, gpud in its DaemonSet pod: the
+// Lending on the real kubelet, gpud in its DaemonSet pod: the
 // owner holds the GPU through a stand-in for nvidia.com/gpu and goes idle;
 // a borrower asking gpud.io/idle-gpu gets it with its env; the owner's open
 // kills the borrower and the GPU is listed Unhealthy; a request for a GPU

@@ -245,7 +245,7 @@ func (l *Lender) Allocate(ids []string) (*pluginapi.ContainerAllocateResponse, e
 		}
 		indexes = append(indexes, strconv.Itoa(idx))
 		owners = append(owners, l.ownerOf(idx, g))
-		// claim 6: the task last preempted from this GPU and not resumed yet
+		// the resume point: the task last preempted from this GPU and not resumed yet
 		// gets its checkpoint directory back (kubelet does not tell Allocate
 		// which pod asks).
 		if task := l.resumableTask(idx); task != "" && l.cfg.CheckpointRoot != "" {
@@ -459,7 +459,7 @@ func mapsEqual(a, b map[int]podRef) bool {
 
 // Activity handles NVML's report of the processes using a GPU: when the
 // owner of a lent GPU uses it again, its borrower is preempted, as when the
-// owner opens it (claim 1: the owner asks for its GPU back).
+// owner opens it (the owner asks for its GPU back).
 func (l *Lender) Activity(gpu int, pids []uint32) {
 	if !l.IsLent(gpu) {
 		return
