@@ -85,24 +85,9 @@ func measureFootprint(b *testing.B, bin, devDir, gpu string, n int, window time.
 	for i := 0; i < n; i++ {
 		spawn(nil)
 	}
-	dir := b.TempDir()
-	state := filepath.Join(dir, "state")
-	if err := os.Mkdir(state, 0o700); err != nil {
-		b.Fatal(err)
-	}
-	var log bytes.Buffer
-	cmd := exec.Command(bin, "run", "--dev-dir", devDir, "--state-file", filepath.Join(state, "state.json"),
-		"--state-dir", state, "--control-socket", filepath.Join(state, "ctl.sock"), "--checkpoint-root", filepath.Join(state, "ck"),
-		"--bpf-pin-dir", "", "--metrics-addr", "127.0.0.1:0", "--nvml", "off", "--docker-host", "none", "--node-name", "footprint")
-	cmd.Stderr = &log
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	defer func() {
-		cmd.Process.Signal(unix.SIGTERM)
-		cmd.Wait()
-	}()
-	pid := cmd.Process.Pid
+	g2 := startGpudProcess(b, bin, devDir, "footprint")
+	defer g2.stop()
+	pid, log := g2.pid, g2.log
 	alive := func() {
 		if err := unix.Kill(pid, 0); err != nil {
 			b.Fatalf("gpud exited: %s", log.String())
@@ -125,6 +110,40 @@ func measureFootprint(b *testing.B, bin, devDir, gpu string, n int, window time.
 		b.Fatalf("gpud did not find the one holder at start: %s", log.String())
 	}
 	return f
+}
+
+// gpudProcess is a gpud run as a separate process, on its own private state
+// directory, the way a node runs it (no Docker, no NVML, no pinning).
+type gpudProcess struct {
+	cmd   *exec.Cmd
+	pid   int
+	state string // its state file
+	log   *bytes.Buffer
+}
+
+func startGpudProcess(b *testing.B, bin, devDir, node string, extra ...string) *gpudProcess {
+	b.Helper()
+	state := filepath.Join(b.TempDir(), "state")
+	if err := os.Mkdir(state, 0o700); err != nil {
+		b.Fatal(err)
+	}
+	g := &gpudProcess{state: filepath.Join(state, "state.json"), log: new(bytes.Buffer)}
+	args := append([]string{"run", "--dev-dir", devDir, "--state-file", g.state,
+		"--state-dir", state, "--control-socket", filepath.Join(state, "ctl.sock"), "--checkpoint-root", filepath.Join(state, "ck"),
+		"--bpf-pin-dir", "", "--metrics-addr", "127.0.0.1:0", "--nvml", "off", "--docker-host", "none", "--node-name", node}, extra...)
+	g.cmd = exec.Command(bin, args...)
+	g.cmd.Stderr = g.log
+	if err := g.cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	g.pid = g.cmd.Process.Pid
+	return g
+}
+
+// stop ends it with SIGTERM, as a node's service manager does.
+func (g *gpudProcess) stop() {
+	g.cmd.Process.Signal(unix.SIGTERM)
+	g.cmd.Wait()
 }
 
 // footprintBinary is GPUD_BIN, or bin/gpud as `make bench` builds it.
