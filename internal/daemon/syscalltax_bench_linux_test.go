@@ -115,4 +115,3 @@ func runTaxLoop(b *testing.B, loop, kind string, n int, file string) float64 {
 	}
 	return ns
 }
-
