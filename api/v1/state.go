@@ -74,6 +74,12 @@ type StateHolder struct {
 	Priority    Priority  `json:"priority"`
 	OpenedAt    time.Time `json:"opened_at"`
 	FDs         int       `json:"fds"`
+	// Namespace and Pod name the holder's pod; Container names its Docker
+	// container, or its container within the pod. Each as far as gpud knows
+	// it, absent otherwise (and in files of gpuds before them).
+	Namespace string `json:"namespace,omitempty"`
+	Pod       string `json:"pod,omitempty"`
+	Container string `json:"container,omitempty"`
 	// OpenedBeforeClassified: it opened the GPU before gpud knew its
 	// workload, so the gate could not judge that open by class; the rules
 	// judged it when its class became known (see preemptions[]).

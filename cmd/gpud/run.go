@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -14,33 +13,15 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
 	"github.com/gpud/gpud/bpf"
 	"github.com/gpud/gpud/internal/config"
 	"github.com/gpud/gpud/internal/daemon"
+	"github.com/gpud/gpud/internal/logging"
 	"github.com/gpud/gpud/internal/occupancy"
 )
-
-func newFlagSet(name string) *flag.FlagSet {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(io.Discard) // errors are reported once, by exitCode
-	return fs
-}
-
-// parse parses args, turning flag errors into one-line usage errors.
-func parse(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fs.SetOutput(os.Stdout)
-			fs.PrintDefaults()
-			os.Exit(0)
-		}
-		return usagef("%s: %v", fs.Name(), err)
-	}
-	if fs.NArg() > 0 {
-		return usagef("%s: unexpected argument %q", fs.Name(), fs.Arg(0))
-	}
-	return nil
-}
 
 func defaultNode() string {
 	if n := os.Getenv("NODE_NAME"); n != "" {
@@ -65,8 +46,10 @@ type runOptions struct {
 // runFlags defines every `gpud run` setting: the flag's name is also its
 // GPUD_* environment variable and its key in the --config file, and its
 // default and help are the only ones (see internal/config).
-func runFlags() (*flag.FlagSet, *runOptions) {
-	fs := newFlagSet("run")
+func runFlags() (*pflag.FlagSet, *runOptions) {
+	fs := pflag.NewFlagSet("run", pflag.ContinueOnError)
+	fs.SetOutput(io.Discard) // errors are reported once, by exitCode
+	fs.SortFlags = false     // help lists them in this order
 	o := &runOptions{}
 	cfg := &o.cfg
 	def := config.Defaults()
@@ -125,7 +108,7 @@ func loadRun(args []string, src config.Sources) (*runOptions, *config.Settings, 
 	src.FlagOnly = flagOnly
 	s, err := config.Load(fs, args, src)
 	if err != nil {
-		if errors.Is(err, flag.ErrHelp) {
+		if errors.Is(err, pflag.ErrHelp) {
 			return nil, nil, err
 		}
 		return nil, nil, usagef("run: %v", err)
@@ -169,17 +152,49 @@ func compared(s *config.Settings) map[string]string {
 	return v
 }
 
-func runUsage() {
+const runAbout = `Runs the node daemon (as root).
+
+Every setting can also be set with GPUD_<FLAG> (e.g. GPUD_IDLE_AFTER=10m) or as
+a key of the --config file (idle-after: 10m, after version: v1). A flag wins
+over the environment, which wins over the file. SIGHUP reloads the file and the
+environment and applies the settings marked reloadable.`
+
+// newRunCmd is `gpud run`. cobra does not parse its flags: internal/config
+// does, from the command line, the environment and the file alike, with
+// errors naming the setting and its source. cobra is given the same flag
+// set for -h and completion only.
+func newRunCmd() *cobra.Command {
+	c := &cobra.Command{
+		Use:                "run [flags]",
+		Short:              "run the node daemon (root); settings also from GPUD_* and --config FILE",
+		Long:               runAbout,
+		DisableFlagParsing: true,
+		RunE: ran(func(c *cobra.Command, args []string) error {
+			err := cmdRun(args)
+			if errors.Is(err, pflag.ErrHelp) {
+				return c.Help()
+			}
+			return err
+		}),
+	}
 	fs, _ := runFlags()
-	fmt.Println("usage: gpud run [flags]")
-	fmt.Println()
-	fmt.Println("Every setting can also be set with GPUD_<FLAG> (e.g. GPUD_IDLE_AFTER=10m) or as a key")
-	fmt.Println("of the --config file (idle-after: 10m, after version: v1). A flag wins over the")
-	fmt.Println("environment, which wins over the file. SIGHUP reloads the file and the environment")
-	fmt.Println("and applies the settings marked reloadable.")
-	fmt.Println()
-	fs.SetOutput(os.Stdout)
-	fs.PrintDefaults()
+	c.Flags().SortFlags = false
+	c.Flags().AddFlagSet(fs)
+	// Flag values to complete: cobra completes flag names of a command
+	// that parses its own flags, values are this function's.
+	values := map[string][]string{
+		"nvml": {"auto", "off"}, "log-level": {"debug", "info", "warn", "error"},
+		"default-priority": {"unmanaged", "low", "high"}, "reclaim": {"stop", "remove", "evict", "delete", "none"},
+	}
+	c.ValidArgsFunction = func(_ *cobra.Command, args []string, _ string) ([]cobra.Completion, cobra.ShellCompDirective) {
+		if len(args) > 0 {
+			if v, ok := values[strings.TrimLeft(args[len(args)-1], "-")]; ok {
+				return v, cobra.ShellCompDirectiveNoFileComp
+			}
+		}
+		return nil, cobra.ShellCompDirectiveDefault
+	}
+	return c
 }
 
 func cmdRun(args []string) error {
@@ -196,10 +211,6 @@ func cmdRun(args []string) error {
 
 	o, s, err := loadRun(args, config.Sources{})
 	if err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			runUsage()
-			return nil
-		}
 		return err
 	}
 	if o.uninstall {
@@ -215,6 +226,7 @@ func cmdRun(args []string) error {
 	level := new(slog.LevelVar)
 	level.Set(o.level)
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	logging.Route(log) // client-go's and gRPC's lines too: one JSON stream
 	if s.File != "" {
 		log.Info("settings file read", "file", s.File)
 	}

@@ -11,16 +11,15 @@ package config
 import (
 	"bytes"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 	"unicode/utf8"
 
+	"github.com/spf13/pflag"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -94,7 +93,7 @@ func (s Sources) readFile(p string) ([]byte, error) {
 
 // Settings is a flag set filled from every source.
 type Settings struct {
-	FS     *flag.FlagSet
+	FS     *pflag.FlagSet
 	File   string            // the file read, "" when none
 	origin map[string]string // flag name → where its value came from
 }
@@ -125,7 +124,7 @@ func (s *Settings) Invalid(name, format string, args ...any) error {
 // changed.
 func (s *Settings) Values() map[string]string {
 	out := map[string]string{}
-	s.FS.VisitAll(func(f *flag.Flag) { out[f.Name] = f.Value.String() })
+	s.FS.VisitAll(func(f *pflag.Flag) { out[f.Name] = f.Value.String() })
 	return out
 }
 
@@ -150,9 +149,9 @@ func Changed(a, b map[string]string) []string {
 // named by --config (else GPUD_CONFIG) first, then the environment, then
 // the command line again, so that each later source wins and every value
 // from every source is checked by its flag. fs must have a string flag
-// named FileFlag. flag.ErrHelp is returned as is; any other error is one
+// named FileFlag. pflag.ErrHelp is returned as is; any other error is one
 // line, an *Error when a setting is to blame.
-func Load(fs *flag.FlagSet, args []string, src Sources) (*Settings, error) {
+func Load(fs *pflag.FlagSet, args []string, src Sources) (*Settings, error) {
 	s := &Settings{FS: fs, origin: map[string]string{}}
 	cfgFlag := fs.Lookup(FileFlag)
 	if cfgFlag == nil {
@@ -162,7 +161,7 @@ func Load(fs *flag.FlagSet, args []string, src Sources) (*Settings, error) {
 		return nil, err
 	}
 	explicit := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { explicit[f.Name] = true })
+	fs.Visit(func(f *pflag.Flag) { explicit[f.Name] = true })
 
 	path, pathOrigin := cfgFlag.Value.String(), "flag --"+FileFlag
 	if !explicit[FileFlag] {
@@ -199,7 +198,7 @@ func Load(fs *flag.FlagSet, args []string, src Sources) (*Settings, error) {
 	}
 
 	var err error
-	fs.VisitAll(func(f *flag.Flag) {
+	fs.VisitAll(func(f *pflag.Flag) {
 		if err != nil || f.Name == FileFlag || slices.Contains(src.FlagOnly, f.Name) {
 			return
 		}
@@ -228,64 +227,32 @@ func Load(fs *flag.FlagSet, args []string, src Sources) (*Settings, error) {
 	return s, nil
 }
 
-// recorder wraps a flag's value while the command line is parsed, to keep
-// the value and error of a failed Set: the flag package's own message for
-// it is less clear than ours.
-type recorder struct {
-	flag.Value
-	name   string
-	failed **failure
-}
-
-type failure struct {
-	name, value string
-	err         error
-}
-
-func (r *recorder) Set(v string) error {
-	err := r.Value.Set(v)
+// parseArgs parses the command line into fs: flags anywhere among the
+// arguments (pflag), the single-dash long form of Go's flag package
+// (-idle-after 5m) still accepted, and no positional argument.
+func parseArgs(fs *pflag.FlagSet, args []string) error {
+	err := fs.Parse(LongDashes(fs, args))
 	if err != nil {
-		*r.failed = &failure{r.name, v, err}
-	}
-	return err
-}
-
-func (r *recorder) String() string {
-	if r == nil || r.Value == nil {
-		return "" // the flag package calls String on a zero value
-	}
-	return r.Value.String()
-}
-
-func (r *recorder) IsBoolFlag() bool {
-	b, ok := r.Value.(interface{ IsBoolFlag() bool })
-	return ok && b.IsBoolFlag()
-}
-
-func parseArgs(fs *flag.FlagSet, args []string) error {
-	var failed *failure
-	orig := map[string]flag.Value{}
-	fs.VisitAll(func(f *flag.Flag) {
-		orig[f.Name] = f.Value
-		f.Value = &recorder{Value: f.Value, name: f.Name, failed: &failed}
-	})
-	err := fs.Parse(args)
-	fs.VisitAll(func(f *flag.Flag) { f.Value = orig[f.Name] })
-	if err != nil {
-		if errors.Is(err, flag.ErrHelp) {
+		if errors.Is(err, pflag.ErrHelp) {
 			return err
 		}
-		if failed != nil {
-			return (&Settings{}).setError(fs.Lookup(failed.name), "flag --"+failed.name, failed.value, failed.err)
-		}
-		msg := oneLine(err.Error())
-		if name, ok := strings.CutPrefix(msg, "flag needs an argument: -"); ok {
+		var inv *pflag.InvalidValueError
+		var req *pflag.ValueRequiredError
+		var unknown *pflag.NotExistError
+		switch {
+		case errors.As(err, &inv):
+			f := inv.GetFlag()
+			return (&Settings{}).setError(f, "flag --"+f.Name, inv.GetValue(), inv.Unwrap())
+		case errors.As(err, &req):
+			name := req.GetFlag().Name
 			return &Error{Key: name, Origin: "flag --" + name, Msg: "no value"}
+		case errors.As(err, &unknown):
+			if n := unknown.GetSpecifiedName(); n != "" {
+				return fmt.Errorf("unknown flag --%s", clip(n))
+			}
+			return fmt.Errorf("unknown flag -%s", clip(unknown.GetSpecifiedShortnames()))
 		}
-		if name, ok := strings.CutPrefix(msg, "flag provided but not defined: -"); ok {
-			return fmt.Errorf("unknown flag --%s", clip(name))
-		}
-		return errors.New(msg)
+		return errors.New(oneLine(err.Error()))
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q", clip(fs.Arg(0)))
@@ -293,18 +260,57 @@ func parseArgs(fs *flag.FlagSet, args []string) error {
 	return nil
 }
 
-// setError explains a value f refused.
-func (s *Settings) setError(f *flag.Flag, origin, value string, err error) error {
-	msg := fmt.Sprintf("invalid value %q: %v", clip(value), err)
-	if g, ok := f.Value.(flag.Getter); ok {
-		switch g.Get().(type) {
-		case time.Duration:
-			msg = fmt.Sprintf("invalid duration %q (want e.g. 30s, 5m or 1h)", clip(value))
-		case bool:
-			msg = fmt.Sprintf("invalid bool %q (want true or false)", clip(value))
-		case int, int64, uint, uint64, float64:
-			msg = fmt.Sprintf("invalid number %q", clip(value))
+// LongDashes rewrites -name and -name=value, for a long flag name of fs,
+// as --name: Go's flag package, which gpud's CLI used before pflag, took
+// one dash or two, and scripts written then keep working. Shorthands (-o),
+// values of flags (--node-name -x) and everything after "--" are left
+// alone.
+func LongDashes(fs *pflag.FlagSet, args []string) []string {
+	out := make([]string, 0, len(args))
+	takesValue := func(f *pflag.Flag) bool { return f != nil && f.NoOptDefVal == "" }
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		out = append(out, a)
+		if a == "--" {
+			return append(out, args[i+1:]...)
 		}
+		if len(a) < 2 || a[0] != '-' {
+			continue
+		}
+		var f *pflag.Flag
+		name, _, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		switch {
+		case strings.HasPrefix(a, "--"):
+			f = fs.Lookup(name)
+		case len(name) > 1 && fs.Lookup(name) != nil:
+			f = fs.Lookup(name)
+			out[len(out)-1] = "-" + a
+		case len(name) == 1:
+			f = fs.ShorthandLookup(name)
+			hasValue = hasValue || len(a) > 2 && !strings.Contains(a, "=")
+		}
+		if !hasValue && takesValue(f) && i+1 < len(args) {
+			i++
+			out = append(out, args[i])
+		}
+	}
+	return out
+}
+
+// setError explains a value f refused.
+func (s *Settings) setError(f *pflag.Flag, origin, value string, err error) error {
+	var inv *pflag.InvalidValueError
+	if errors.As(err, &inv) {
+		err = inv.Unwrap() // fs.Set's wrapping repeats the flag and the value
+	}
+	msg := fmt.Sprintf("invalid value %q: %v", clip(value), err)
+	switch f.Value.Type() {
+	case "duration":
+		msg = fmt.Sprintf("invalid duration %q (want e.g. 30s, 5m or 1h)", clip(value))
+	case "bool":
+		msg = fmt.Sprintf("invalid bool %q (want true or false)", clip(value))
+	case "int", "int32", "int64", "uint", "uint32", "uint64", "float64":
+		msg = fmt.Sprintf("invalid number %q", clip(value))
 	}
 	return &Error{Key: f.Name, Origin: origin, Msg: oneLine(msg)}
 }
@@ -435,7 +441,7 @@ func oneLine(s string) string {
 	return strings.Join(strings.Fields(s), " ")
 }
 
-// Enum is a string flag.Value that takes one of a few words.
+// Enum is a string pflag.Value that takes one of a few words.
 type Enum struct {
 	p       *string
 	allowed []string
@@ -462,8 +468,8 @@ func (e *Enum) String() string {
 	return *e.p
 }
 
-// Get returns the word (flag.Getter).
-func (e *Enum) Get() any { return e.String() }
+// Type names the value in help (pflag.Value); the usage's `a|b` wins.
+func (e *Enum) Type() string { return "string" }
 
 func orList(w []string) string {
 	switch len(w) {

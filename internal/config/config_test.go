@@ -2,7 +2,7 @@ package config
 
 import (
 	"errors"
-	"flag"
+	"github.com/spf13/pflag"
 	"io"
 	"io/fs"
 	"strings"
@@ -21,8 +21,8 @@ type settings struct {
 	monitoring bool
 }
 
-func newFlags() (*flag.FlagSet, *settings) {
-	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+func newFlags() (*pflag.FlagSet, *settings) {
+	fs := pflag.NewFlagSet("run", pflag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	s := &settings{}
 	fs.StringVar(&s.file, FileFlag, "", "settings file")
@@ -204,8 +204,8 @@ func TestFlagOnly(t *testing.T) {
 
 func TestHelp(t *testing.T) {
 	fs, _ := newFlags()
-	if _, err := Load(fs, []string{"-h"}, fake(nil, nil)); !errors.Is(err, flag.ErrHelp) {
-		t.Fatalf("-h: %v, want flag.ErrHelp", err)
+	if _, err := Load(fs, []string{"-h"}, fake(nil, nil)); !errors.Is(err, pflag.ErrHelp) {
+		t.Fatalf("-h: %v, want pflag.ErrHelp", err)
 	}
 }
 

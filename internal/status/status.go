@@ -22,8 +22,19 @@ const Width = 80
 
 // Render writes a table of GPUs and their holders, the lent GPUs and the
 // last preemptions, each line at most Width columns: long names end in an
-// ellipsis (-o json has them whole).
+// ellipsis (-o wide and -o json have them whole).
 func Render(out io.Writer, f *v1.StateFile, now time.Time) error {
+	return renderTable(out, f, now, false)
+}
+
+// RenderWide writes the table of Render with every name whole and more
+// columns (the pod's container, the GPU's UUID, file descriptors): lines
+// as long as they need.
+func RenderWide(out io.Writer, f *v1.StateFile, now time.Time) error {
+	return renderTable(out, f, now, true)
+}
+
+func renderTable(out io.Writer, f *v1.StateFile, now time.Time, wide bool) error {
 	var w bytes.Buffer
 	mon, rules := "on", "enforced"
 	if !f.Monitoring {
@@ -36,23 +47,47 @@ func Render(out io.Writer, f *v1.StateFile, now time.Time) error {
 	renderHealth(&w, f.Health, now)
 	fmt.Fprintln(&w)
 	tw := tabwriter.NewWriter(&w, 0, 0, 1, ' ', 0)
-	fmt.Fprintln(tw, "GPU\tSTATE\tPID\tCOMM\tCONTAINER/POD\tPRIORITY\tSINCE")
+	// cut shortens a name to n columns in the table, never in -o wide.
+	cut := func(s string, n int) string {
+		if wide {
+			return printable(s)
+		}
+		return trunc(s, n)
+	}
+	if wide {
+		fmt.Fprintln(tw, "GPU\tSTATE\tPID\tCOMM\tCONTAINER/POD\tCONTAINER\tPRIORITY\tFDS\tSINCE\tUUID")
+	} else {
+		fmt.Fprintln(tw, "GPU\tSTATE\tPID\tCOMM\tCONTAINER/POD\tPRIORITY\tSINCE")
+	}
 	for _, g := range f.GPUs {
 		state := trunc(string(g.State), 6)
 		if g.State == occupancy.Idle && g.IdleSince != nil {
 			state += " " + ago(now, *g.IdleSince)
 		}
 		if len(g.Holders) == 0 {
-			fmt.Fprintf(tw, "%d\t%s\t-\t-\t-\t-\t-\n", g.Index, state)
+			if wide {
+				fmt.Fprintf(tw, "%d\t%s\t-\t-\t-\t-\t-\t-\t-\t%s\n", g.Index, state, orDash(g.UUID))
+			} else {
+				fmt.Fprintf(tw, "%d\t%s\t-\t-\t-\t-\t-\n", g.Index, state)
+			}
 			continue
 		}
 		for i, h := range g.Holders {
-			gpu := fmt.Sprint(g.Index)
+			gpu, uuid := fmt.Sprint(g.Index), orDash(g.UUID)
 			if i > 0 {
-				gpu, state = "", ""
+				gpu, state, uuid = "", "", ""
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", gpu, state, h.PID, trunc(h.Comm, 15),
-				workload(h), trunc(orDash(string(h.Priority)), 12), ago(now, h.OpenedAt))
+			if wide {
+				container := "-"
+				if h.Pod != "" && h.Container != "" {
+					container = printable(h.Container)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", gpu, state, h.PID, printable(h.Comm),
+					workload(h, wide), container, orDash(string(h.Priority)), h.FDs, ago(now, h.OpenedAt), uuid)
+				continue
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", gpu, state, h.PID, cut(h.Comm, 15),
+				cut(workload(h, wide), 20), cut(orDash(string(h.Priority)), 12), ago(now, h.OpenedAt))
 		}
 	}
 	if err := tw.Flush(); err != nil {
@@ -63,6 +98,10 @@ func Render(out io.Writer, f *v1.StateFile, now time.Time) error {
 		return err
 	}
 	if err := renderPreemptions(&w, f.Preemptions, now); err != nil {
+		return err
+	}
+	if wide {
+		_, err := out.Write(w.Bytes())
 		return err
 	}
 	return writeFitted(out, w.String())
@@ -201,14 +240,24 @@ func party(p recordParty, n int) string {
 	return s
 }
 
-// workload names a holder's pod or container by a short id, as docker ps
-// does (-o json has the whole ids).
-func workload(h v1.StateHolder) string {
+// workload names a holder's workload: its pod as namespace/name, its Docker
+// container as ctr/name; when gpud does not know the name (a pod the API
+// server has not shown yet, a state file of an older gpud), by a short id
+// as docker ps does (-o wide has the whole id). Names are made printable.
+func workload(h v1.StateHolder, wide bool) string {
+	n := 12
+	if wide {
+		n = 64
+	}
 	switch {
+	case h.Pod != "":
+		return printable(orDash(h.Namespace) + "/" + h.Pod)
 	case h.PodUID != "":
-		return "pod/" + prefix(h.PodUID, 12)
+		return "pod/" + prefix(h.PodUID, n)
+	case h.Container != "":
+		return "ctr/" + printable(h.Container)
 	case h.ContainerID != "":
-		return "ctr/" + prefix(h.ContainerID, 12)
+		return "ctr/" + prefix(h.ContainerID, n)
 	}
 	return "host"
 }
