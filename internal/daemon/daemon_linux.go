@@ -196,9 +196,10 @@ func (d *Daemon) State() v1.StateFile {
 }
 
 // decorate adds to the state document what the ledger does not know: the
-// rules' switch and the loans.
+// rules' switch, the holders' workload names and the loans.
 func (d *Daemon) decorate(f *v1.StateFile) {
 	f.Enforcing = d.enforcing()
+	workload.NameHolders(f, d.holderNames)
 	for i := range f.GPUs {
 		e := d.enforced(f.GPUs[i].Index)
 		f.GPUs[i].Enforced = &e

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	v1 "github.com/gpud/gpud/api/v1"
 	"github.com/gpud/gpud/internal/occupancy"
 )
 
@@ -421,4 +422,17 @@ func (r *Registry) Names(info occupancy.ProcInfo, containerName func(namespace, 
 		namespace, pod = w.Namespace, w.Name
 	}
 	return namespace, pod, container
+}
+
+// NameHolders sets each holder's namespace, pod and container in a state
+// document from names (Registry.Names, with the pod source's container
+// names): `gpud status` and the file's readers see namespace/name rather
+// than a pod's UID.
+func NameHolders(f *v1.StateFile, names func(v1.StateHolder) (namespace, pod, container string)) {
+	for i := range f.GPUs {
+		for j := range f.GPUs[i].Holders {
+			h := &f.GPUs[i].Holders[j]
+			h.Namespace, h.Pod, h.Container = names(*h)
+		}
+	}
 }
