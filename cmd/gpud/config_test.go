@@ -14,8 +14,12 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/grpclog"
+	"k8s.io/klog/v2"
+
 	"github.com/gpud/gpud/internal/config"
 	"github.com/gpud/gpud/internal/daemon"
+	"github.com/gpud/gpud/internal/logging"
 	"github.com/gpud/gpud/internal/occupancy"
 )
 
@@ -349,5 +353,27 @@ func TestPprofAddrLoopbackOnly(t *testing.T) {
 	files := map[string]string{"/etc/gpud.yaml": "version: v1\npprof-addr: \"0.0.0.0:6060\"\n"}
 	if _, _, err := loadRun(nil, fakeSources(map[string]string{"GPUD_CONFIG": "/etc/gpud.yaml"}, files)); err == nil {
 		t.Error("pprof-addr 0.0.0.0:6060 from the file accepted")
+	}
+}
+
+// TestRunLoggerRoutesLibraries: gpud run's log stream stays JSON with
+// client-go (klog) and gRPC (grpclog) lines in it, at gpud's log level.
+func TestRunLoggerRoutesLibraries(t *testing.T) {
+	var buf bytes.Buffer
+	level := new(slog.LevelVar)
+	newLogger(&buf, level)
+	klog.ErrorS(errors.New("connection refused"), "failed to watch pods")
+	grpclog.Errorf("[core] kubelet.sock: %s", "connection reset")
+	grpclog.Info("channel READY") // gRPC's info is debug: not at level info
+	var comps []string
+	for _, l := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
+		var x struct{ Level, Msg, Component, Error string }
+		if err := json.Unmarshal([]byte(l), &x); err != nil || x.Level != "ERROR" || x.Msg == "" {
+			t.Errorf("line %q: %+v %v", l, x, err)
+		}
+		comps = append(comps, x.Component)
+	}
+	if strings.Join(comps, ",") != logging.ComponentKlog+","+logging.ComponentGRPC {
+		t.Errorf("components %v in:\n%s", comps, buf.String())
 	}
 }

@@ -58,8 +58,8 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 		Short:         "lend idle GPUs, take them back in milliseconds",
 		Long:          about,
 		Version:       version,
-		SilenceErrors: true, // reported once, by exitCode
-		SilenceUsage:  true, // an error is one line, not the help
+		SilenceErrors: true,         // reported once, by exitCode
+		SilenceUsage:  true,         // an error is one line, not the help
 		Args:          cobra.NoArgs, // an unknown command is an error, not the help
 		RunE:          func(c *cobra.Command, _ []string) error { return c.Help() },
 	}

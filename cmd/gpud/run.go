@@ -142,6 +142,14 @@ func loadRun(args []string, src config.Sources) (*runOptions, *config.Settings, 
 	return o, s, nil
 }
 
+// newLogger is gpud run's logger: JSON lines on w, client-go's and gRPC's
+// included (one stream a log collector can parse).
+func newLogger(w io.Writer, level *slog.LevelVar) *slog.Logger {
+	log := slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level}))
+	logging.Route(log)
+	return log
+}
+
 // compared are a load's values as a reload compares them: monitoring counts
 // only when set, so that an unset switch leaves `gpud monitor`'s alone.
 func compared(s *config.Settings) map[string]string {
@@ -225,8 +233,7 @@ func cmdRun(args []string) error {
 	}
 	level := new(slog.LevelVar)
 	level.Set(o.level)
-	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	logging.Route(log) // client-go's and gRPC's lines too: one JSON stream
+	log := newLogger(os.Stderr, level)
 	if s.File != "" {
 		log.Info("settings file read", "file", s.File)
 	}
