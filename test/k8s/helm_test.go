@@ -136,10 +136,12 @@ func runFlags(t *testing.T) []string {
 		t.Fatalf("gpud run -h: %v\n%s", err, out)
 	}
 	var flags []string
-	re := regexp.MustCompile(`^  -([a-z0-9-]+)`)
+	// cobra's usage: "      --idle-after duration   ..." ("-h, --help" is
+	// not a setting).
+	re := regexp.MustCompile(`^\s+(?:-[a-z], )?--([a-z0-9-]+)`)
 	sc := bufio.NewScanner(bytes.NewReader(out))
 	for sc.Scan() {
-		if m := re.FindStringSubmatch(sc.Text()); m != nil {
+		if m := re.FindStringSubmatch(sc.Text()); m != nil && m[1] != "help" {
 			flags = append(flags, m[1])
 		}
 	}
