@@ -265,3 +265,27 @@ func TestFileTooLarge(t *testing.T) {
 		t.Errorf("err = %v", err)
 	}
 }
+
+// TestLongDashes: Go's flag package took -name as well as --name, and
+// scripts written for it keep working under pflag; a value that starts
+// with a dash stays a value, shorthands and what follows "--" stay as they
+// are.
+func TestLongDashes(t *testing.T) {
+	fs, _ := newFlags()
+	fs.StringP("output", "o", "table", "format")
+	for _, tc := range []struct{ in, want []string }{
+		{[]string{"-idle-after", "3m", "-enforce=false"}, []string{"--idle-after", "3m", "--enforce=false"}},
+		{[]string{"--state-file", "-enforce", "-idle-after=1m"}, []string{"--state-file", "-enforce", "--idle-after=1m"}},
+		{[]string{"-state-file", "-idle-after"}, []string{"--state-file", "-idle-after"}},
+		{[]string{"-o", "-idle-after", "-ojson"}, []string{"-o", "-idle-after", "-ojson"}},
+		{[]string{"-enforce", "-bogus", "--", "-idle-after"}, []string{"--enforce", "-bogus", "--", "-idle-after"}},
+	} {
+		if got := LongDashes(fs, tc.in); strings.Join(got, " ") != strings.Join(tc.want, " ") {
+			t.Errorf("LongDashes(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+	fs, v := newFlags()
+	if _, err := Load(fs, []string{"-idle-after", "3m", "-state-file", "-x"}, fake(nil, nil)); err != nil || v.idleAfter != 3*time.Minute || v.stateFile != "-x" {
+		t.Errorf("single-dash flags: %v, idle-after %s, state-file %q", err, v.idleAfter, v.stateFile)
+	}
+}

@@ -35,6 +35,9 @@ func FuzzRender(f *testing.F) {
 	hostile.GPUs[0].Holders[1].ContainerID = "\u202eabc\u202c" + ctrID
 	hostile.GPUs[1].Holders[0].Comm = "\xff\xfe\x80" + "ééééééééé"
 	hostile.GPUs[1].Holders[0].Priority = "lo\x00w"
+	hostile.GPUs[0].Holders[0].Namespace, hostile.GPUs[0].Holders[0].Pod = "ns\n", "\x1b[2J"+strings.Repeat("p", 90)
+	hostile.GPUs[0].Holders[0].Container = "c\u202e\r"
+	hostile.GPUs[0].Holders[1].Container = "\x1b]0;x\x07"
 	hostile.GPUs[1].State = occupancy.Lent
 	hostile.GPUs[1].Owner = "ns/\x1b[2J" + strings.Repeat("o", 100)
 	hostile.GPUs[1].Borrower = "\u202e" + strings.Repeat("b", 100)
@@ -53,17 +56,22 @@ func FuzzRender(f *testing.F) {
 		if err != nil {
 			return
 		}
-		var b bytes.Buffer
+		var b, wide bytes.Buffer
 		if err := Render(&b, sf, now); err != nil {
 			t.Fatalf("Render: %v", err)
 		}
-		out := b.String()
-		if !utf8.ValidString(out) {
-			t.Fatalf("output is not UTF-8:\n%q", out)
+		if err := RenderWide(&wide, sf, now); err != nil {
+			t.Fatalf("RenderWide: %v", err)
 		}
-		for _, r := range out {
-			if r != '\n' && r != ' ' && !unicode.IsPrint(r) {
-				t.Fatalf("unprintable %U in output:\n%q", r, out)
+		out := b.String()
+		for _, o := range []string{out, wide.String()} {
+			if !utf8.ValidString(o) {
+				t.Fatalf("output is not UTF-8:\n%q", o)
+			}
+			for _, r := range o {
+				if r != '\n' && r != ' ' && !unicode.IsPrint(r) {
+					t.Fatalf("unprintable %U in output:\n%q", r, o)
+				}
 			}
 		}
 		want := 3 // header, blank, column titles
@@ -89,6 +97,9 @@ func FuzzRender(f *testing.F) {
 		}
 		if got := strings.Count(out, "\n"); got != want || !strings.HasSuffix(out, "\n") {
 			t.Fatalf("%d lines, want %d:\n%s", got, want, out)
+		}
+		if got := strings.Count(wide.String(), "\n"); got != want {
+			t.Fatalf("-o wide: %d lines, want %d:\n%s", got, want, wide.String())
 		}
 	})
 }
