@@ -116,6 +116,7 @@ clean:
 k8s:
 	scripts/deps.sh k8s
 	scripts/k8s-build.sh >/dev/null
+	scripts/containerd-build.sh >/dev/null
 	scripts/helm.sh
 
 cluster-up: k8s

@@ -13,7 +13,9 @@
 #
 # up [DIR]    DIR defaults to a new /tmp/gpud-cluster.XXXXXX (printed on
 #             stdout). Creates certificates, starts etcd, kube-apiserver, a
-#             private containerd (own config/root/state/socket in DIR), kubelet,
+#             private containerd (own config/root/state/socket in DIR; built
+#             by scripts/containerd-build.sh, 1.7 with NRI on at
+#             /var/run/nri/nri.sock), kubelet,
 #             kube-scheduler and kube-controller-manager, waits until the node
 #             is Ready and a test pod runs, deletes the pod. Writes
 #             DIR/kubeconfig (admin) and DIR/env (shell exports: KUBECONFIG,
@@ -54,6 +56,13 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 K8S_VERSION=${K8S_VERSION:-v1.36.3}
 BIN=${GPUD_K8S_CACHE:-/var/cache/gpud-k8s}/$K8S_VERSION/bin
 IMG_CACHE=${GPUD_K8S_CACHE:-/var/cache/gpud-k8s}/images
+# containerd with NRI (scripts/containerd-build.sh): first on PATH, so its
+# shim and ctr are the ones used too. Docker's containerd stays Debian's.
+CONTAINERD_VERSION=${CONTAINERD_VERSION:-v1.7.35}
+CONTAINERD_BIN=${GPUD_CONTAINERD_CACHE:-/var/cache/gpud-containerd}/$CONTAINERD_VERSION/bin
+export PATH=$CONTAINERD_BIN:$PATH
+# The runtime's NRI socket, at its default path: what gpud's DaemonSet mounts.
+NRI_SOCK=/var/run/nri/nri.sock
 ACTIVE=/run/gpud-cluster.active
 MARKER=.gpud-cluster
 NET_NAME=gpud-k8s
@@ -374,6 +383,11 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
 [metrics]
   address = ""
 
+# NRI: gpud's plugin classifies pods before their containers start.
+[plugins."io.containerd.nri.v1.nri"]
+  disable = false
+  socket_path = "$NRI_SOCK"
+
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "$PAUSE_IMAGE"
   # Without it sandbox creation fails on machines without CAP_SYS_RESOURCE.
@@ -622,7 +636,10 @@ check_prereqs() {
 	for c in "${K8S_CMDS[@]}"; do
 		[[ -x $BIN/$c ]] || die "$BIN/$c missing (run: make k8s, or scripts/deps.sh k8s && scripts/k8s-build.sh)"
 	done
-	for c in containerd ctr runc openssl ip setsid; do
+	for c in containerd containerd-shim-runc-v2 ctr; do
+		[[ -x $CONTAINERD_BIN/$c ]] || die "$CONTAINERD_BIN/$c missing (run: make k8s, or scripts/containerd-build.sh)"
+	done
+	for c in runc openssl ip setsid; do
 		command -v "$c" >/dev/null 2>&1 || die "$c not found (run scripts/deps.sh k8s)"
 	done
 	for c in bridge host-local loopback; do
@@ -656,6 +673,8 @@ write_env() {
 		echo "export KUBECONFIG=$D/kubeconfig"
 		echo "export KUBELET_KUBECONFIG=$D/kubelet.kubeconfig"
 		echo "export K8S_BIN=$BIN"
+		echo "export PATH=$CONTAINERD_BIN:\$PATH # containerd $CONTAINERD_VERSION's ctr"
+		echo "export NRI_SOCK=$NRI_SOCK"
 		echo "export KUBECTL=$BIN/kubectl"
 		echo "export KUBECACHEDIR=$D/kubectl-cache # not ~/.kube/cache"
 		echo "export NODE_NAME=$node"
@@ -1062,6 +1081,7 @@ down() {
 	stop_comp kube-scheduler
 	kill_containers
 	stop_comp containerd 15
+	rm -f "$NRI_SOCK"
 	stop_comp kube-apiserver
 	stop_comp etcd
 	# Container processes that outlived their runtime (a killed `up`,

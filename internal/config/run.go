@@ -40,6 +40,10 @@ type Run struct {
 	// sandboxes when there is no API server; "" picks containerd's or
 	// CRI-O's default socket when present, "none" disables.
 	CRIEndpoint string
+	// NRISocket is the runtime's NRI socket (containerd ≥ 1.7, CRI-O): pods
+	// are classified synchronously, before their containers run, whenever
+	// it is there; "none" disables.
+	NRISocket string
 
 	// Lending idle GPUs through a kubelet device plugin.
 	DevicePlugin       bool
@@ -89,6 +93,7 @@ func Defaults() Run {
 		OwnerResource:      "nvidia.com/gpu",
 		KubeletDir:         "/var/lib/kubelet/device-plugins",
 		PodResourcesSocket: "/var/lib/kubelet/pod-resources/kubelet.sock",
+		NRISocket:          "/var/run/nri/nri.sock",
 		MetricsAddr:        ":9407",
 		PinDir:             "/sys/fs/bpf/gpud",
 		KeepEnforcing:      true,
@@ -119,6 +124,7 @@ func (r Run) Complete() Run {
 	str(&r.OwnerResource, d.OwnerResource)
 	str(&r.KubeletDir, d.KubeletDir)
 	str(&r.PodResourcesSocket, d.PodResourcesSocket)
+	str(&r.NRISocket, d.NRISocket)
 	str((*string)(&r.DefaultPriority), string(d.DefaultPriority))
 	dur(&r.IdleAfter, d.IdleAfter)
 	dur(&r.FailOpenAfter, d.FailOpenAfter)

@@ -30,6 +30,7 @@ import (
 	"github.com/gpud/gpud/internal/workload"
 	"github.com/gpud/gpud/internal/workload/cri"
 	wdocker "github.com/gpud/gpud/internal/workload/docker"
+	wnri "github.com/gpud/gpud/internal/workload/nri"
 	"github.com/gpud/gpud/internal/workload/kube"
 )
 
@@ -401,6 +402,9 @@ func (d *Daemon) setupWorkloads(cgroupRoot string) error {
 		// not reclaimed (only the API server can evict).
 		d.cri = &cri.Source{Endpoint: ep, Registry: d.registry, CgroupRoot: cgroupRoot, Log: d.log, Synced: d.sources.Add()}
 		d.runners = append(d.runners, d.cri.Run)
+	}
+	if cfg.NRISocket != "none" { // classifies pods before their containers start; waits for the socket
+		d.runners = append(d.runners, (&wnri.Plugin{Socket: cfg.NRISocket, Registry: d.registry, CgroupRoot: cgroupRoot, Log: d.log}).Run)
 	}
 	d.executor = &preempt.Executor{
 		ProcRoot: cfg.ProcRoot, Grace: cfg.PreemptGrace, CheckpointRoot: cfg.CheckpointRoot,

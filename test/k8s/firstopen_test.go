@@ -16,12 +16,30 @@ import (
 // (its class known when its cgroup was made) or, having got in before
 // gpud knew it, killed as soon as its class is known. The test reports the
 // share refused in the kernel.
+//
+// Here gpud learns classes from the API server's informer only (NRI off).
 func TestFirstOpenPodsNeverKeepAHighGPU(t *testing.T) {
+	firstOpens(t, "fo", "--kubeconfig", env(t, "KUBECONFIG"), "--node-name", env(t, "NODE_NAME"), "--reclaim", "none", "--nri-socket", "none")
+}
+
+// The same with classes from the runtime's NRI only (no API server, no CRI
+// listing): containerd asks gpud about each pod before creating its
+// containers, so every first open is judged by the kernel gate.
+func TestFirstOpenPodsThroughNRI(t *testing.T) {
+	opened := firstOpens(t, "nri", "--kubeconfig", "", "--cri-endpoint", "none", "--nri-socket", env(t, "NRI_SOCK"), "--reclaim", "none")
+	if opened != 0 {
+		t.Fatalf("%d low pods got a GPU fd before gpud knew them: through NRI, every first open must be judged by the gate", opened)
+	}
+}
+
+// firstOpens runs the first-open flow with gpud on the host started with
+// flags, and returns how many low pods got in before the gate knew them.
+func firstOpens(t *testing.T, prefix string, flags ...string) (opened int) {
 	dev, gpu := fakeGPU(t)
-	state := startHostGpud(t, dev, "--kubeconfig", env(t, "KUBECONFIG"), "--node-name", env(t, "NODE_NAME"), "--reclaim", "none")
+	state := startHostGpud(t, dev, flags...)
 	holders := fileHolders(state)
-	gpuPod(t, "fo-high", "high", gpu)
-	highPID := hold(t, holders, "fo-high")
+	gpuPod(t, prefix+"-high", "high", gpu)
+	highPID := hold(t, holders, prefix+"-high")
 
 	n := testutil.Count(t, "GPUD_FIRST_OPEN_PODS", 100)
 	var manifest strings.Builder
@@ -31,7 +49,7 @@ func TestFirstOpenPodsNeverKeepAHighGPU(t *testing.T) {
 		fmt.Fprintf(&manifest, `---
 apiVersion: v1
 kind: Pod
-metadata: {name: fo-low-%d, namespace: default, labels: {gpud.io/priority: low, gpud-test: first-open}}
+metadata: {name: %s-low-%d, namespace: default, labels: {gpud.io/priority: low, gpud-test: first-open}}
 spec:
   nodeName: %s
   terminationGracePeriodSeconds: 0
@@ -44,7 +62,7 @@ spec:
     command: ["sh", "-c", "(exec 3<>/dev/nvidia0 && echo OPENED && exec sleep 3600) || echo REFUSED; exec sleep 3600"]
     volumeMounts: [{name: gpu, mountPath: /dev/nvidia0}]
   volumes: [{name: gpu, hostPath: {path: %s, type: CharDevice}}]
-`, i, env(t, "NODE_NAME"), gpu)
+`, prefix, i, env(t, "NODE_NAME"), gpu)
 	}
 	t.Cleanup(func() {
 		kubectl(t, "delete", "pod", "-l", "gpud-test=first-open", "--grace-period=0", "--force", "--ignore-not-found", "--wait=false")
@@ -55,7 +73,7 @@ spec:
 	said := map[string]string{}
 	testutil.Eventually(t, 5*time.Minute, fmt.Sprintf("all %d low pods ran their first instruction", n), func() bool {
 		for i := 0; i < n; i++ {
-			name := fmt.Sprintf("fo-low-%d", i)
+			name := fmt.Sprintf("%s-low-%d", prefix, i)
 			if said[name] != "" {
 				continue
 			}
@@ -76,7 +94,7 @@ spec:
 		}
 		return true
 	})
-	refused, opened := 0, 0
+	refused := 0
 	for _, out := range said {
 		// A holder killed after the fact ends its subshell, which then
 		// says REFUSED too: OPENED is what tells.
@@ -91,4 +109,5 @@ spec:
 	if !testutil.Alive(highPID) {
 		t.Fatal("the high pod's holder died")
 	}
+	return opened
 }

@@ -75,6 +75,7 @@ type object struct {
 		Name        string            `json:"name"`
 		Namespace   string            `json:"namespace"`
 		Annotations map[string]string `json:"annotations"`
+		Labels      map[string]string `json:"labels"`
 	} `json:"metadata"`
 	Rules []map[string]any `json:"rules"`
 	Spec  struct {
@@ -171,6 +172,12 @@ func TestHelmChartRendersTheBase(t *testing.T) {
 	}
 	if !reflect.DeepEqual(chart["ClusterRole"].Rules, base["ClusterRole"].Rules) {
 		t.Errorf("RBAC rules differ from deploy/base:\nchart %v\nbase  %v", chart["ClusterRole"].Rules, base["ClusterRole"].Rules)
+	}
+	// gpud's pod is privileged: its namespace must allow it under Pod Security.
+	for src, objs := range map[string]map[string]object{"chart": chart, "base": base} {
+		if l := objs["Namespace"].Metadata.Labels["pod-security.kubernetes.io/enforce"]; l != "privileged" {
+			t.Errorf("the %s's Namespace enforces Pod Security level %q, want privileged", src, l)
+		}
 	}
 	for _, kind := range []string{"ServiceAccount", "DaemonSet"} {
 		if ns := chart[kind].Metadata.Namespace; ns != "gpud-system" {
