@@ -30,8 +30,8 @@ import (
 	"github.com/gpud/gpud/internal/workload"
 	"github.com/gpud/gpud/internal/workload/cri"
 	wdocker "github.com/gpud/gpud/internal/workload/docker"
-	wnri "github.com/gpud/gpud/internal/workload/nri"
 	"github.com/gpud/gpud/internal/workload/kube"
+	wnri "github.com/gpud/gpud/internal/workload/nri"
 )
 
 // Config is what `gpud run` is told, and what tests inject.
