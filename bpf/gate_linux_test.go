@@ -87,7 +87,7 @@ func TestGateVerdicts(t *testing.T) {
 		}
 	}
 
-	// Reservation (claim 5): while GPU 1 is reserved for another cgroup,
+	// Reservation: while GPU 1 is reserved for another cgroup,
 	// this low one is refused; reserved for its own pod, it gets in.
 	_, otherID := cgroupDir(t, "", "other")
 	until := bpf.MonotonicNow() + uint64(time.Minute)

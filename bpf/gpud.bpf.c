@@ -20,10 +20,10 @@ char __license[] SEC("license") = "Dual BSD/GPL";
 
 // --- user-space controlled globals (.data / .bss, mmapped by the loader) ---
 
-// The switch of patent claim 2: 0 stops every observer (and the gate's
+// The monitoring switch: 0 stops every observer (and the gate's
 // marking) without unloading anything.
 volatile __u32 monitoring = 1;
-// Registration (claim 3): the consumer's tgid and cgroup are exempt, and the
+// Registration: the consumer's tgid and cgroup are exempt, and the
 // heartbeat (CLOCK_MONOTONIC ns) tells the kernel side a consumer is alive.
 volatile __u32 consumer_tgid = 0;
 volatile __u64 consumer_cgroup = 0;
@@ -125,7 +125,7 @@ struct {
 // When a refusal of (cgroup, GPU) was last reported: a process retrying a
 // refused open in a loop must not flood the ring buffer and delay the
 // events gpud needs (one report per workload per interval is enough for
-// the waiting queue of claim 5).
+// the earliest-request-first waiting queue).
 struct deny_key {
 	__u64 cgroup;
 	__u32 gpu;
@@ -227,7 +227,7 @@ static __always_inline void mark_holder(__u32 tgid)
 }
 
 // ----------------------------------------------------------------------------
-// The gate (patent claim 1). It runs on every device-file open in every
+// The gate (the rule table). It runs on every device-file open in every
 // cgroup, before the driver. It allows everything that is not a tracked GPU,
 // every cgroup it does not know, and everything while enforcement is off or
 // the consumer's heartbeat is stale. For a tracked GPU it also marks the

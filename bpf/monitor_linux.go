@@ -384,7 +384,7 @@ func (m *Monitor) Protected(gpu uint32) bool {
 	return m.protected[gpu]
 }
 
-// SetMonitoring flips the kernel switch (patent claim 2).
+// SetMonitoring flips the kernel monitoring switch.
 func (m *Monitor) SetMonitoring(on bool) error {
 	var v uint32
 	if on {
@@ -405,7 +405,7 @@ func (m *Monitor) Monitoring() (bool, error) {
 	return v != 0, nil
 }
 
-// Register tells the kernel side who its consumer is (patent claim 3): that
+// Register tells the kernel side who its consumer is: that
 // process (and its cgroup, unless it is 0) is exempt from observation, and
 // the heartbeat starts.
 func (m *Monitor) Register(tgid uint32, cgroupID uint64) error {
@@ -516,7 +516,7 @@ func (m *Monitor) UnexpectCgroup(name string) error {
 // GPUPolicy is what the gate is told about one GPU.
 type GPUPolicy struct {
 	High, Low      uint32 // holders by class
-	ReservedCgroup uint64 // claim 5: while reserved, only this cgroup may open low
+	ReservedCgroup uint64 // while reserved, only this cgroup may open low
 	ReservedUntil  uint64 // CLOCK_MONOTONIC ns
 }
 

@@ -142,7 +142,7 @@ enum prio {
 struct gpu_pol {
 	__u32 high;              /* high-priority holders (processes) */
 	__u32 low;               /* low-priority holders */
-	__u64 reserved_cgroup;   /* claim 5: only this cgroup (or its descendants) may open low */
+	__u64 reserved_cgroup;   /* a reservation: only this cgroup (or its descendants) may open low */
 	__u64 reserved_until_ns; /* CLOCK_MONOTONIC */
 };
 
