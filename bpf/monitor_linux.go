@@ -35,8 +35,8 @@ type Options struct {
 	PinDir string
 }
 
-// gatePin is the pinned cgroup link's name under Options.PinDir.
-const gatePin = "gate"
+// GatePin is the pinned cgroup link's name under Options.PinDir.
+const GatePin = "gate"
 
 // ErrNotBPFFS is returned when a pin directory is not on a bpf filesystem.
 var ErrNotBPFFS = errors.New("bpf: pin directory is not on a bpf filesystem")
@@ -180,7 +180,7 @@ func (m *Monitor) attach(cgroupRoot string) error {
 		if err := ensureBPFFS(m.pinDir); err != nil {
 			return err
 		}
-		path := filepath.Join(m.pinDir, gatePin)
+		path := filepath.Join(m.pinDir, GatePin)
 		old, err := link.LoadPinnedLink(path, nil)
 		switch {
 		case err == nil && isDeviceCgroupLink(old):
@@ -206,7 +206,7 @@ func (m *Monitor) attach(cgroupRoot string) error {
 	}
 	m.gate = l
 	if m.pinDir != "" {
-		if err := l.Pin(filepath.Join(m.pinDir, gatePin)); err != nil {
+		if err := l.Pin(filepath.Join(m.pinDir, GatePin)); err != nil {
 			return fmt.Errorf("bpf: pinning the device gate: %w", err)
 		}
 	}
@@ -274,7 +274,7 @@ func (m *Monitor) KeepGate(keep bool) { m.keepGate = keep }
 // Uninstall removes what a pinned gpud left behind: the gate's link (its
 // program is detached) and the pin directory.
 func Uninstall(pinDir string) error {
-	path := filepath.Join(pinDir, gatePin)
+	path := filepath.Join(pinDir, GatePin)
 	l, err := link.LoadPinnedLink(path, nil)
 	switch {
 	case err == nil:

@@ -898,6 +898,9 @@ up() {
 	}
 	wait_until "node $node to be Ready" 60 kubelet node_ready
 	step "node Ready"
+	# What NVIDIA's GPU feature discovery labels a GPU node with; gpud's
+	# chart and base schedule on it (the node's GPUs are the tests' fakes).
+	kc label node "$node" nvidia.com/gpu.present=true --overwrite >/dev/null
 	if [[ ${GPUD_CLUSTER_SA_ADMISSION:-1} != 0 ]]; then
 		wait_until "the default ServiceAccount" 30 kube-controller-manager kc get serviceaccount default
 	fi

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/gpud/gpud/internal/testutil"
 )
 
 // gpud runs the built binary: its stdout, stderr and exit status.
@@ -50,6 +52,7 @@ func TestBinaryHelpEveryCommand(t *testing.T) {
 		{[]string{"monitor"}, []string{"gpud monitor on|off", "--control-socket"}},
 		{[]string{"monitor", "on"}, []string{"gpud monitor on|off", "--control-socket"}},
 		{[]string{"version"}, []string{"gpud version"}},
+		{[]string{"uninstall"}, []string{"gpud uninstall [flags]", "--host-root", "--keep-records", "--daemonset", "--check"}},
 		{[]string{"completion"}, []string{"bash", "zsh"}},
 		{[]string{"completion", "bash"}, []string{"gpud completion bash"}},
 		{nil, []string{"run", "status", "explain", "monitor", "completion", "Flags go anywhere"}},
@@ -310,5 +313,39 @@ func TestBinaryCompletion(t *testing.T) {
 				t.Errorf("__complete %q = %q, lacks %q", tc.args, got, w)
 			}
 		}
+	}
+}
+
+// TestBinaryUninstall: `gpud uninstall` on a node (here a directory seen
+// as the node's /) removes gpud's files; --check says what is left, with
+// exit status 1, then nothing.
+func TestBinaryUninstall(t *testing.T) {
+	testutil.RequireRoot(t) // safefs trusts only root's directories
+	root := t.TempDir()
+	if err := os.Chmod(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"run/gpud/state.json", "var/lib/gpud/preemptions.jsonl"} {
+		if err := os.MkdirAll(filepath.Join(root, filepath.Dir(f)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(root, f), []byte("{}"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	flags := []string{"--host-root", root, "--bpf-pin-dir="}
+	if _, errOut, code := gpud(t, append([]string{"uninstall", "--check"}, flags...)...); code != 1 || !strings.Contains(errOut, "/run/gpud/state.json") {
+		t.Errorf("--check with a state file: exit %d, %s", code, errOut)
+	}
+	if _, errOut, code := gpud(t, append([]string{"uninstall"}, flags...)...); code != 0 {
+		t.Fatalf("uninstall: exit %d, %s", code, errOut)
+	}
+	for _, d := range []string{"run/gpud", "var/lib/gpud"} {
+		if _, err := os.Lstat(filepath.Join(root, d)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s left: %v", d, err)
+		}
+	}
+	if _, errOut, code := gpud(t, append([]string{"uninstall", "--check"}, flags...)...); code != 0 {
+		t.Errorf("--check after: exit %d, %s", code, errOut)
 	}
 }

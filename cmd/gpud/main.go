@@ -69,7 +69,7 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		return usagef("%s: %v", c.Name(), err)
 	})
-	root.AddCommand(newRunCmd(), newStatusCmd(), newExplainCmd(), newMonitorCmd(), &cobra.Command{
+	root.AddCommand(newRunCmd(), newStatusCmd(), newExplainCmd(), newMonitorCmd(), newUninstallCmd(), &cobra.Command{
 		Use:   "version",
 		Short: "print the version",
 		Args:  cobra.NoArgs,

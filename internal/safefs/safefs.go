@@ -23,6 +23,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -72,6 +73,22 @@ func checkDir(path string, st *unix.Stat_t, last bool) error {
 // OpenDir opens the directory at path, creating what is missing with perm,
 // after checking that only root can change it or any directory above it.
 func OpenDir(path string, perm os.FileMode) (*Dir, error) {
+	return openDir("/", path, perm, true)
+}
+
+// OpenExisting opens the directory at path as it is seen under root (a
+// directory such as /proc/1/root, the host's / from a pod with the host's
+// PID namespace), with the rule of OpenDir, creating nothing: a missing
+// component gives an error that errors.Is(err, fs.ErrNotExist). Absolute
+// symlinks on the way resolve under root, not under this process's /.
+func OpenExisting(root, path string) (*Dir, error) {
+	if !filepath.IsAbs(root) {
+		return nil, fmt.Errorf("safefs: root %q is not absolute", root)
+	}
+	return openDir(root, path, 0, false)
+}
+
+func openDir(root, path string, perm os.FileMode, create bool) (*Dir, error) {
 	if path == "" {
 		return nil, errors.New("safefs: empty path")
 	}
@@ -81,14 +98,14 @@ func OpenDir(path string, perm os.FileMode) (*Dir, error) {
 	}
 	links := 0
 restart:
-	fd, err := unix.Open("/", unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	fd, err := unix.Open(root, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("safefs: opening /: %w", err)
+		return nil, fmt.Errorf("safefs: opening %s: %w", root, err)
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		unix.Close(fd)
-		return nil, fmt.Errorf("safefs: /: %w", err)
+		return nil, fmt.Errorf("safefs: %s: %w", root, err)
 	}
 	comps := strings.Split(strings.TrimPrefix(filepath.Clean(abs), "/"), "/")
 	if comps[0] == "" {
@@ -103,6 +120,10 @@ restart:
 		c := comps[i]
 		next := filepath.Join(cur, c)
 		nfd, err := unix.Openat(fd, c, unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if errors.Is(err, unix.ENOENT) && !create {
+			unix.Close(fd)
+			return nil, fmt.Errorf("safefs: opening %s: %w", filepath.Join(root, next), os.ErrNotExist)
+		}
 		if errors.Is(err, unix.ENOENT) {
 			// Missing: gpud makes it (another user racing to make it first
 			// makes one gpud refuses below, as not root's).
@@ -154,7 +175,8 @@ restart:
 		}
 		cur = next
 	}
-	return &Dir{f: os.NewFile(uintptr(fd), cur), Path: cur}, nil
+	p := filepath.Join(root, cur)
+	return &Dir{f: os.NewFile(uintptr(fd), p), Path: p}, nil
 }
 
 func readlinkat(dirfd int, name string) (string, error) {
@@ -335,6 +357,60 @@ func (d *Dir) SubDir(name string, perm os.FileMode) (*Dir, error) {
 		return nil, fmt.Errorf("safefs: opening %s: %w", p, err)
 	}
 	return &Dir{f: os.NewFile(uintptr(fd), p), Path: p}, nil
+}
+
+// Remove removes the file (or socket, or symlink: never followed) name
+// from d; one already gone is no error.
+func (d *Dir) Remove(name string) error {
+	if err := checkName(name); err != nil {
+		return err
+	}
+	if err := unix.Unlinkat(d.fd(), name, 0); err != nil && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("safefs: removing %s: %w", filepath.Join(d.Path, name), err)
+	}
+	return nil
+}
+
+// RemoveDir removes the empty directory name from d; one already gone is no
+// error, one that is not empty is (errors.Is(err, unix.ENOTEMPTY)).
+func (d *Dir) RemoveDir(name string) error {
+	if err := checkName(name); err != nil {
+		return err
+	}
+	if err := unix.Unlinkat(d.fd(), name, unix.AT_REMOVEDIR); err != nil && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("safefs: removing %s: %w", filepath.Join(d.Path, name), err)
+	}
+	return nil
+}
+
+// Names lists d's entries (at most limit of them), sorted.
+func (d *Dir) Names(limit int) ([]string, error) {
+	f, err := d.openSub(".")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	names, err := f.Readdirnames(limit)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("safefs: listing %s: %w", d.Path, err)
+	}
+	slices.Sort(names)
+	return names, nil
+}
+
+// openSub opens name in d as an *os.File of its own (its own offset),
+// never following a symlink. "." is d itself.
+func (d *Dir) openSub(name string) (*os.File, error) {
+	if name != "." {
+		if err := checkName(name); err != nil {
+			return nil, err
+		}
+	}
+	fd, err := unix.Openat(d.fd(), name, unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("safefs: opening %s: %w", filepath.Join(d.Path, name), err)
+	}
+	return os.NewFile(uintptr(fd), filepath.Join(d.Path, name)), nil
 }
 
 // Rename renames old to new within d (a damaged file set aside).

@@ -168,3 +168,61 @@ func TestFilesNeverThroughSymlinks(t *testing.T) {
 }
 
 func mkfifo(p string) error { return unix.Mkfifo(p, 0o600) }
+
+// OpenExisting resolves under a root (a node's / seen from a pod):
+// absolute symlinks stay in it, nothing missing is created, and removal
+// never follows a symlink.
+func TestOpenExistingUnderARoot(t *testing.T) {
+	b := base(t)
+	root := testutil.MkdirOwned(t, filepath.Join(b, "node"), 0o755, 0)
+	testutil.MkdirOwned(t, filepath.Join(root, "data"), 0o755, 0)
+	gpud := testutil.MkdirOwned(t, filepath.Join(root, "data", "gpud"), 0o755, 0)
+	// /var/lib -> /data, absolute: under root it is root/data, not /data.
+	testutil.MkdirOwned(t, filepath.Join(root, "var"), 0o755, 0)
+	if err := os.Symlink("/data", filepath.Join(root, "var", "lib")); err != nil {
+		t.Fatal(err)
+	}
+	d, err := OpenExisting(root, "/var/lib/gpud")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if d.Path != gpud {
+		t.Errorf("resolved to %s, want %s", d.Path, gpud)
+	}
+	if _, err := OpenExisting(root, "/var/lib/missing"); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a missing directory: %v, want ErrNotExist", err)
+	}
+	if _, err := os.Lstat(filepath.Join(root, "data", "missing")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("OpenExisting created a directory: %v", err)
+	}
+	target := filepath.Join(b, "precious")
+	if err := os.WriteFile(target, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(target, filepath.Join(gpud, "state.json")); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Remove("state.json"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(target); err != nil {
+		t.Errorf("Remove followed the symlink: %v", err)
+	}
+	if err := d.Remove("state.json"); err != nil {
+		t.Errorf("removing what is gone: %v", err)
+	}
+	testutil.MkdirOwned(t, filepath.Join(gpud, "full"), 0o755, 0)
+	os.WriteFile(filepath.Join(gpud, "full", "f"), nil, 0o644)
+	if err := d.RemoveDir("full"); !errors.Is(err, unix.ENOTEMPTY) {
+		t.Errorf("RemoveDir of a non-empty directory: %v", err)
+	}
+	if names, err := d.Names(10); err != nil || len(names) != 1 || names[0] != "full" {
+		t.Errorf("Names: %v %v", names, err)
+	}
+	// A directory others can write on the way is refused, as by OpenDir.
+	os.Chmod(gpud, 0o777)
+	if _, err := OpenExisting(root, "/var/lib/gpud"); !errors.Is(err, ErrUnsafe) {
+		t.Errorf("a world-writable directory: %v", err)
+	}
+}

@@ -55,6 +55,7 @@ extraEnv:
   - {name: KUBERNETES_SERVICE_HOST, value: "127.0.0.1"}
   - {name: KUBERNETES_SERVICE_PORT, value: "6443"}
 readinessProbe: {periodSeconds: 1}
+uninstallHook: {hostNetwork: true}
 `, dev)), 0o644)
 	if err != nil {
 		t.Fatal(err)
@@ -62,8 +63,16 @@ readinessProbe: {periodSeconds: 1}
 	return f
 }
 
-// render runs helm template for release gpud in gpud-system.
+// render runs helm template for release gpud in gpud-system, without the
+// hooks (the uninstall hook would turn gpud into cleaners at once when
+// applied: renderHooks has them).
 func render(t *testing.T, args ...string) string {
+	t.Helper()
+	return helm(t, append([]string{"template", "gpud", chartDir(), "--namespace", "gpud-system", "--no-hooks"}, args...)...)
+}
+
+// renderHooks is render with the hooks.
+func renderHooks(t *testing.T, args ...string) string {
 	t.Helper()
 	return helm(t, append([]string{"template", "gpud", chartDir(), "--namespace", "gpud-system"}, args...)...)
 }
@@ -84,8 +93,10 @@ type object struct {
 				Annotations map[string]string `json:"annotations"`
 			} `json:"metadata"`
 			Spec struct {
-				HostPID     bool `json:"hostPID"`
-				HostNetwork bool `json:"hostNetwork"`
+				HostPID     bool             `json:"hostPID"`
+				HostNetwork bool             `json:"hostNetwork"`
+				Affinity    map[string]any   `json:"affinity"`
+				Tolerations []map[string]any `json:"tolerations"`
 				Containers  []struct {
 					Image           string           `json:"image"`
 					Args            []string         `json:"args"`
@@ -209,6 +220,31 @@ func TestHelmChartRendersTheBase(t *testing.T) {
 	}
 	if len(c.Ports) != 1 || c.Ports[0]["containerPort"] != float64(9407) || c.Ports[0]["hostPort"] != float64(9407) {
 		t.Errorf("ports: %v", c.Ports)
+	}
+	// The base has the chart's probes, port, scrape annotations, affinity
+	// and tolerations: a kustomize user gets the same pod.
+	bc := bs.Containers[0]
+	for what, pair := range map[string][2]any{
+		"readiness probe":    {c.ReadinessProbe, bc.ReadinessProbe},
+		"liveness probe":     {c.LivenessProbe, bc.LivenessProbe},
+		"ports":              {c.Ports, bc.Ports},
+		"scrape annotations": {ann, base["DaemonSet"].Spec.Template.Metadata.Annotations},
+		"affinity":           {cs.Affinity, bs.Affinity},
+		"tolerations":        {cs.Tolerations, bs.Tolerations},
+	} {
+		if !reflect.DeepEqual(pair[0], pair[1]) {
+			t.Errorf("%s differ from the base:\nchart %v\nbase  %v", what, pair[0], pair[1])
+		}
+	}
+	// Only GPU nodes by default, on the labels NVIDIA's charts use.
+	terms := fmt.Sprint(cs.Affinity)
+	for _, l := range []string{"nvidia.com/gpu.present", "feature.node.kubernetes.io/pci-10de.present"} {
+		if !strings.Contains(terms, l) {
+			t.Errorf("the default affinity does not select %s: %s", l, terms)
+		}
+	}
+	if a := objects(t, render(t, "--set", "affinity=null"))["DaemonSet"].Spec.Template.Spec.Affinity; a != nil {
+		t.Errorf("affinity=null still renders %v", a)
 	}
 
 	// Every flag of `gpud run` is a value: set the ones rendered only when

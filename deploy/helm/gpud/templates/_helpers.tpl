@@ -47,3 +47,16 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- $port -}}
 {{- end -}}
 {{- end -}}
+
+{{/* A path of gpud's as the node sees it: under hostPaths.run or hostPaths.state when the pod mounts it there. Call with (list PATH .Values). */}}
+{{- define "gpud.hostPath" -}}
+{{- $p := index . 0 -}}
+{{- $v := index . 1 -}}
+{{- if or (eq $p "/run/gpud") (hasPrefix "/run/gpud/" $p) -}}
+{{- printf "%s%s" $v.hostPaths.run (trimPrefix "/run/gpud" $p) -}}
+{{- else if or (eq $p "/var/lib/gpud") (hasPrefix "/var/lib/gpud/" $p) -}}
+{{- printf "%s%s" $v.hostPaths.state (trimPrefix "/var/lib/gpud" $p) -}}
+{{- else -}}
+{{- $p -}}
+{{- end -}}
+{{- end -}}

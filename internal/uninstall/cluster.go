@@ -1,0 +1,168 @@
+package uninstall
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+)
+
+// Annotation marks gpud's DaemonSet, and its pods' template, as turned
+// into cleaners.
+const Annotation = "gpud.io/uninstalling"
+
+// Container is the name of gpud's container in its DaemonSet's pods.
+const Container = "gpud"
+
+// Cleanup is one turning of gpud's DaemonSet into cleaners.
+type Cleanup struct {
+	Client    kubernetes.Interface
+	Namespace string
+	DaemonSet string
+	// Args are the cleaner's arguments (`uninstall ... --wait`), Check its
+	// readiness command (ready once the node is clean).
+	Args  []string
+	Check []string
+	// Poll is how often the DaemonSet's pods are read (default 2 s).
+	Poll time.Duration
+	Log  *slog.Logger
+}
+
+// Run restarts every pod of the DaemonSet as a cleaner, all at once (a
+// cleaner removes the gate its node's gpud left pinned, which would fail
+// open by itself after --fail-open-after anyway), and waits until each
+// node's cleaner is ready or ctx ends. It returns the nodes whose gpud
+// state is gone, and those where it may not be (a node down, a pod not
+// started in time); a DaemonSet that does not exist is nothing to do.
+func (c Cleanup) Run(ctx context.Context) (cleaned, notCleaned []string, err error) {
+	dsc := c.Client.AppsV1().DaemonSets(c.Namespace)
+	patch, err := c.patch()
+	if err != nil {
+		return nil, nil, err
+	}
+	ds, err := dsc.Patch(ctx, c.DaemonSet, types.StrategicMergePatchType, patch, metav1.PatchOptions{FieldManager: "gpud-uninstall"})
+	if apierrors.IsNotFound(err) {
+		c.Log.Info("no DaemonSet: nothing to clean", "namespace", c.Namespace, "daemonset", c.DaemonSet)
+		return nil, nil, nil
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("uninstall: turning %s/%s into cleaners: %w", c.Namespace, c.DaemonSet, err)
+	}
+	c.Log.Info("DaemonSet turned into cleaners", "namespace", c.Namespace, "daemonset", c.DaemonSet, "generation", ds.Generation)
+	gen := ds.Generation
+	poll := c.Poll
+	if poll <= 0 {
+		poll = 2 * time.Second
+	}
+	werr := wait.PollUntilContextCancel(ctx, poll, true, func(ctx context.Context) (bool, error) {
+		cleaned, notCleaned, err = c.progress(ctx, gen)
+		if err != nil {
+			c.Log.Warn("reading the cleaners", "error", err)
+			return false, nil // the API server may be busy: try again until ctx ends
+		}
+		return len(notCleaned) == 0, nil
+	})
+	if werr != nil && !errors.Is(werr, context.DeadlineExceeded) && !errors.Is(werr, context.Canceled) {
+		return cleaned, notCleaned, fmt.Errorf("uninstall: waiting for the cleaners: %w", werr)
+	}
+	return cleaned, notCleaned, nil
+}
+
+// progress reads the DaemonSet's status and pods: the nodes whose cleaner
+// is ready, and the nodes that should run one and have none ready.
+func (c Cleanup) progress(ctx context.Context, gen int64) (cleaned, notCleaned []string, err error) {
+	ds, err := c.Client.AppsV1().DaemonSets(c.Namespace).Get(ctx, c.DaemonSet, metav1.GetOptions{})
+	if err != nil {
+		return nil, nil, err
+	}
+	sel, err := metav1.LabelSelectorAsSelector(ds.Spec.Selector)
+	if err != nil {
+		return nil, nil, fmt.Errorf("the DaemonSet's selector: %w", err)
+	}
+	pods, err := c.Client.CoreV1().Pods(c.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel.String()})
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, p := range pods.Items {
+		if !metav1.IsControlledBy(&p, ds) || p.Spec.NodeName == "" {
+			continue
+		}
+		if p.DeletionTimestamp == nil && p.Annotations[Annotation] != "" && ready(&p) {
+			cleaned = append(cleaned, p.Spec.NodeName)
+		} else {
+			notCleaned = append(notCleaned, p.Spec.NodeName)
+		}
+	}
+	slices.Sort(cleaned)
+	cleaned = slices.Compact(cleaned)
+	slices.Sort(notCleaned)
+	notCleaned = slices.DeleteFunc(slices.Compact(notCleaned), func(n string) bool {
+		_, ok := slices.BinarySearch(cleaned, n)
+		return ok
+	})
+	// Until the controller has seen the new template and scheduled a
+	// cleaner on every node it wants, some node may have no pod at all.
+	if ds.Status.ObservedGeneration < gen || int(ds.Status.DesiredNumberScheduled) > len(cleaned) {
+		if len(notCleaned) == 0 {
+			notCleaned = []string{fmt.Sprintf("(%d of %d nodes not yet scheduled)", int(ds.Status.DesiredNumberScheduled)-len(cleaned), ds.Status.DesiredNumberScheduled)}
+		}
+	}
+	return cleaned, notCleaned, nil
+}
+
+func ready(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// patch is the strategic merge patch that turns gpud's pods into
+// cleaners: every pod at once (maxSurge 0: gpud's hostPort allows one pod
+// a node), the cleaner's arguments, its readiness the node's cleanliness,
+// no liveness probe (a cleaner serves no HTTP).
+func (c Cleanup) patch() ([]byte, error) {
+	mark := map[string]any{"annotations": map[string]string{Annotation: time.Now().UTC().Format(time.RFC3339)}}
+	p := map[string]any{
+		"metadata": mark,
+		"spec": map[string]any{
+			"updateStrategy": map[string]any{
+				"type":          "RollingUpdate",
+				"rollingUpdate": map[string]any{"maxUnavailable": "100%", "maxSurge": 0},
+			},
+			"template": map[string]any{
+				"metadata": mark,
+				"spec": map[string]any{
+					"containers": []map[string]any{{
+						"name":          Container,
+						"args":          c.Args,
+						"livenessProbe": nil,
+						"readinessProbe": map[string]any{
+							"exec":             map[string]any{"command": c.Check},
+							"httpGet":          nil,
+							"periodSeconds":    2,
+							"failureThreshold": 1,
+						},
+					}},
+				},
+			},
+		},
+	}
+	b, err := json.Marshal(p)
+	if err != nil {
+		return nil, fmt.Errorf("uninstall: %w", err)
+	}
+	return b, nil
+}

@@ -1,0 +1,208 @@
+package uninstall
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/gpud/gpud/bpf"
+	"github.com/gpud/gpud/internal/preempt"
+	"github.com/gpud/gpud/internal/safefs"
+)
+
+// JournalFile is the preemption journal's name in the state directory.
+const JournalFile = "preemptions.jsonl"
+
+// maxEntries bounds the entries read from a directory gpud wrote in (the
+// checkpoint root holds one directory per preempted task).
+const maxEntries = 100000
+
+// Paths are gpud's settings that name what it leaves on a node, as
+// `gpud run` was given them.
+type Paths struct {
+	// HostRoot is where the node's / is seen: "/" on the node itself,
+	// /proc/1/root from a pod with the host's PID namespace. The paths
+	// below are the node's, resolved under it.
+	HostRoot       string
+	PinDir         string // --bpf-pin-dir; opened as given (a bpffs mount), not under HostRoot
+	StateFile      string // --state-file
+	ControlSocket  string // --control-socket
+	StateDir       string // --state-dir
+	CheckpointRoot string // --checkpoint-root
+	// KeepRecords keeps the preemption journal (and so the state directory).
+	KeepRecords bool
+}
+
+// Node removes gpud's state from this node: the pinned gate first (so
+// that nothing judges opens any more), then its files and the directories
+// left empty. It goes on past a failure and returns them all.
+func Node(p Paths, log *slog.Logger) error {
+	if p.HostRoot == "" {
+		p.HostRoot = "/"
+	}
+	var errs []error
+	if p.PinDir != "" {
+		if err := bpf.Uninstall(p.PinDir); err != nil {
+			errs = append(errs, err)
+		} else {
+			log.Info("pinned gate removed", "pin_dir", p.PinDir)
+		}
+	}
+	rm := func(path string) {
+		if path == "" {
+			return
+		}
+		if err := removeFile(p.HostRoot, path); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	rm(p.StateFile)
+	rm(p.ControlSocket)
+	if !p.KeepRecords && p.StateDir != "" {
+		rm(filepath.Join(p.StateDir, JournalFile))
+	}
+	if p.CheckpointRoot != "" {
+		if err := removeNotices(p.HostRoot, p.CheckpointRoot, log); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	// Directories last, deepest first, each only if empty and gpud's
+	// (its name says so, or it is inside the state directory): an empty
+	// /tmp or /run that a setting pointed into is not removed.
+	dirs := []string{p.CheckpointRoot, dirOf(p.StateFile), dirOf(p.ControlSocket)}
+	if !p.KeepRecords {
+		dirs = append(dirs, p.StateDir)
+	}
+	for _, d := range dirs {
+		if d == "" || !ownedDir(d, p.StateDir) {
+			continue
+		}
+		if err := removeDir(p.HostRoot, d); err != nil {
+			if errors.Is(err, unix.ENOTEMPTY) {
+				log.Warn("directory not empty: kept", "dir", d)
+				continue
+			}
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Clean reports what of gpud is still on this node (nothing: nil): the
+// readiness check of a cleaner pod.
+func Clean(p Paths) []string {
+	if p.HostRoot == "" {
+		p.HostRoot = "/"
+	}
+	var left []string
+	if p.PinDir != "" {
+		if err := unix.Lstat(filepath.Join(p.PinDir, bpf.GatePin), new(unix.Stat_t)); err == nil {
+			left = append(left, filepath.Join(p.PinDir, bpf.GatePin))
+		}
+	}
+	for _, f := range []string{p.StateFile, p.ControlSocket} {
+		if f == "" {
+			continue
+		}
+		if err := unix.Lstat(filepath.Join(p.HostRoot, f), new(unix.Stat_t)); err == nil {
+			left = append(left, f)
+		}
+	}
+	return left
+}
+
+func dirOf(path string) string {
+	if path == "" {
+		return ""
+	}
+	return filepath.Dir(path)
+}
+
+// ownedDir says whether gpud may remove the directory d when it is empty.
+func ownedDir(d, stateDir string) bool {
+	d = filepath.Clean(d)
+	if d == "/" {
+		return false
+	}
+	if stateDir != "" && strings.HasPrefix(d, filepath.Clean(stateDir)+"/") {
+		return true
+	}
+	return strings.Contains(filepath.Base(d), "gpud")
+}
+
+// removeFile removes the file at path (under root).
+func removeFile(root, path string) error {
+	d, err := safefs.OpenExisting(root, filepath.Dir(path))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("uninstall: %s: %w", path, err)
+	}
+	defer d.Close()
+	if err := d.Remove(filepath.Base(path)); err != nil {
+		return fmt.Errorf("uninstall: %w", err)
+	}
+	return nil
+}
+
+// removeDir removes the directory at path (under root) if it is empty.
+func removeDir(root, path string) error {
+	d, err := safefs.OpenExisting(root, filepath.Dir(path))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("uninstall: %s: %w", path, err)
+	}
+	defer d.Close()
+	if err := d.RemoveDir(filepath.Base(path)); err != nil {
+		return fmt.Errorf("uninstall: %w", err)
+	}
+	return nil
+}
+
+// removeNotices removes the preemption notices gpud left, one per task
+// directory, and the task directories left empty; a task's own files stay.
+func removeNotices(root, checkpointRoot string, log *slog.Logger) error {
+	d, err := safefs.OpenExisting(root, checkpointRoot)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("uninstall: %s: %w", checkpointRoot, err)
+	}
+	defer d.Close()
+	names, err := d.Names(maxEntries)
+	if err != nil {
+		return fmt.Errorf("uninstall: %w", err)
+	}
+	var errs []error
+	for _, n := range names {
+		td, err := safefs.OpenExisting(root, filepath.Join(checkpointRoot, n))
+		if err != nil {
+			// Not a directory gpud would write in (a file, a symlink, not
+			// root's): not gpud's, left alone.
+			log.Warn("checkpoint entry left alone", "path", filepath.Join(checkpointRoot, n), "error", err)
+			continue
+		}
+		err = td.Remove(preempt.CheckpointFile)
+		td.Close()
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if err := d.RemoveDir(n); err != nil && !errors.Is(err, unix.ENOTEMPTY) {
+			errs = append(errs, err)
+		}
+	}
+	if len(names) > 0 {
+		log.Info("preemption notices removed", "checkpoint_root", checkpointRoot, "tasks", len(names))
+	}
+	return errors.Join(errs...)
+}
