@@ -106,8 +106,10 @@ clean:
 
 # A real one-node Kubernetes cluster (etcd, kube-apiserver, containerd,
 # kubelet, scheduler, controller-manager) for the Kubernetes tests. `k8s`
-# builds the binaries once into /var/cache/gpud-k8s (GPUD_K8S_CACHE), and the
-# pinned helm for the chart tests into /var/cache/gpud-helm (scripts/helm.sh);
+# builds the binaries once into /var/cache/gpud-k8s (GPUD_K8S_CACHE), the
+# pinned helm for the chart tests into /var/cache/gpud-helm (scripts/helm.sh),
+# and kubeconform with the cluster version's schemas into
+# /var/cache/gpud-kubeconform (scripts/kubeconform.sh);
 # `cluster-up` starts the cluster in $(CLUSTER_DIR) (source $(CLUSTER_DIR)/env),
 # `cluster-down` stops it and removes everything it made.
 
@@ -118,6 +120,7 @@ k8s:
 	scripts/k8s-build.sh >/dev/null
 	scripts/containerd-build.sh >/dev/null
 	scripts/helm.sh
+	scripts/kubeconform.sh
 
 cluster-up: k8s
 	scripts/cluster.sh up $(CLUSTER_DIR)

@@ -45,3 +45,42 @@ func TestHelmChartSchemaRejectsBadValues(t *testing.T) {
 	render(t, "--set", "gpud.idleAfter=1h30m,gpud.failOpenAfter=0s,gpud.monitoring=false,gpud.pprofAddr=127.0.0.1:6060,affinity=null",
 		"--set", "admissionPolicy.enabled=true,admissionPolicy.validationActions={Warn,Audit}")
 }
+
+// kubeconform runs scripts/kubeconform.sh (strict, Kubernetes 1.36 schemas
+// made from the module proxy's OpenAPI document) on a manifest.
+func kubeconform(t *testing.T, manifest string, args ...string) (string, error) {
+	t.Helper()
+	root, _ := filepath.Abs("../..")
+	cmd := exec.Command(filepath.Join(root, "scripts/kubeconform.sh"), append(args, "-summary", "-")...)
+	cmd.Stdin = strings.NewReader(manifest)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// Every object the chart and the base render is valid for the Kubernetes
+// version the cluster runs, with no field the API does not know (a typo
+// the API server would drop silently, or refuse): the default chart, the
+// chart with every option and its hooks, and deploy/base. A typo is caught.
+func TestChartAndBaseValidAgainstKubernetesSchemas(t *testing.T) {
+	// The Prometheus Operator's kinds are CRDs with no schema here; the
+	// rules inside are checked by promtool (deploy/alerts).
+	skip := []string{"-skip", "ServiceMonitor,PrometheusRule"}
+	root, _ := filepath.Abs("../..")
+	for name, m := range map[string]string{
+		"chart (defaults)": render(t),
+		"chart (everything, hooks)": renderHooks(t, "--set", "createNamespace=true,devicePlugin.enabled=true,service.enabled=true,serviceMonitor.enabled=true,prometheusRule.enabled=true",
+			"--set", "admissionPolicy.enabled=true,admissionPolicy.highPriorityNamespaces={ml-prod},gpud.monitoring=true,gpud.pprofAddr=127.0.0.1:6060"),
+		"deploy/base": mustKubectl(t, "kustomize", filepath.Join(root, "deploy/base")),
+	} {
+		out, err := kubeconform(t, m, skip...)
+		if err != nil || !strings.Contains(out, "Invalid: 0, Errors: 0") {
+			t.Errorf("%s: kubeconform: %v\n%s", name, err, out)
+		} else {
+			t.Logf("%s: %s", name, strings.TrimSpace(out))
+		}
+	}
+	bad := strings.Replace(render(t), "hostNetwork: true", "hostNetwrok: true", 1)
+	if out, err := kubeconform(t, bad, skip...); err == nil || !strings.Contains(out, "hostNetwrok") {
+		t.Errorf("kubeconform accepted a DaemonSet with hostNetwrok: %v\n%s", err, out)
+	}
+}
