@@ -45,7 +45,8 @@ if ! bin_ok || ! schemas_ok; then
 	fi
 	if ! schemas_ok; then
 		echo "kubeconform.sh: Kubernetes $K8S_VERSION schemas from the module proxy" >&2
-		dir=$(cd "$REPO" && GOFLAGS=-mod=mod GOWORK=off go mod download -json "k8s.io/kubernetes@$K8S_VERSION" |
+		# Outside any module: gpud's go.mod and go.sum stay as they are.
+		dir=$(cd / && GO111MODULE=on GOFLAGS= GOWORK=off go mod download -json "k8s.io/kubernetes@$K8S_VERSION" |
 			sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
 		[[ -f $dir/api/openapi-spec/swagger.json ]] || die "no api/openapi-spec/swagger.json in k8s.io/kubernetes@$K8S_VERSION ($dir)"
 		rm -rf "$SCHEMAS"
