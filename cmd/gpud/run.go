@@ -19,6 +19,7 @@ import (
 	"github.com/gpud/gpud/bpf"
 	"github.com/gpud/gpud/internal/config"
 	"github.com/gpud/gpud/internal/daemon"
+	"github.com/gpud/gpud/internal/httpserve"
 	"github.com/gpud/gpud/internal/logging"
 	"github.com/gpud/gpud/internal/occupancy"
 )
@@ -83,6 +84,8 @@ func runFlags() (*pflag.FlagSet, *runOptions) {
 	fs.StringVar(&cfg.HostDevDir, "host-dev-dir", "", "--dev-dir as the host sees it, for lent device nodes when gpud runs in a pod (default: the same)")
 	fs.BoolVar(&cfg.LendFree, "lend-free", false, "also lend GPUs nobody holds (not only idle ones)")
 	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", def.MetricsAddr, "Prometheus /metrics, /healthz and /readyz listen address (empty disables)")
+	fs.StringVar(&cfg.MetricsWebConfig, "metrics-web-config", def.MetricsWebConfig, "TLS and basic auth for the metrics port: a Prometheus exporter-toolkit web config file, root's, that only root can change (empty: plain HTTP)")
+	fs.StringVar(&cfg.HealthAddr, "health-addr", def.HealthAddr, "also serve /healthz and /readyz alone, plain HTTP, on this address, e.g. 127.0.0.1:9408 for kubelet's probes when the metrics port wants credentials (empty: metrics port only)")
 	fs.StringVar(&cfg.PprofAddr, "pprof-addr", def.PprofAddr, "serve Go profiles (/debug/pprof/) on this loopback address, e.g. 127.0.0.1:6060 (empty disables; loopback only)")
 	fs.StringVar(&cfg.PinDir, "bpf-pin-dir", def.PinDir, "bpffs directory where the gate stays pinned across gpud restarts and crashes (empty: the gate goes with the process)")
 	fs.BoolVar(&cfg.KeepEnforcing, "keep-enforcing", def.KeepEnforcing, "on stop, leave the pinned gate enforcing the last decisions until --fail-open-after (false: remove it)")
@@ -135,6 +138,9 @@ func loadRun(args []string, src config.Sources) (*runOptions, *config.Settings, 
 	}
 	if err := checkLoopback(cfg.PprofAddr); err != nil {
 		return nil, nil, bad("pprof-addr", "%v", err)
+	}
+	if err := httpserve.CheckWebConfig(cfg.MetricsWebConfig); err != nil {
+		return nil, nil, bad("metrics-web-config", "%v", err)
 	}
 	if strings.TrimSpace(cfg.StateFile) == "" {
 		return nil, nil, bad("state-file", "is empty")

@@ -56,6 +56,13 @@ type Run struct {
 
 	// MetricsAddr serves /metrics, /healthz and /readyz; "" disables.
 	MetricsAddr string
+	// MetricsWebConfig is a Prometheus exporter-toolkit web config file
+	// (TLS, basic auth) for the metrics port; "" serves plain HTTP.
+	MetricsWebConfig string
+	// HealthAddr serves /healthz and /readyz alone, plain HTTP, for
+	// kubelet's probes when the metrics port asks for credentials; ""
+	// serves them only on the metrics port.
+	HealthAddr string
 	// PprofAddr serves Go's profiles (net/http/pprof) on a loopback
 	// address, for measuring gpud's own footprint; "" (the default)
 	// disables. Never on other addresses: profiles show gpud's memory.

@@ -267,7 +267,12 @@ func (d *Daemon) Run(ctx context.Context) error {
 	defer d.journal.Close()
 	if d.cfg.MetricsAddr != "" {
 		goRun(func(ctx context.Context) {
-			httpserve.Run(ctx, d.cfg.MetricsAddr, d.metrics.Handler(d.Ready), d.cfg.HTTPLimits, "metrics", d.log)
+			httpserve.Run(ctx, d.cfg.MetricsAddr, d.metrics.Handler(d.Ready), d.cfg.HTTPLimits, d.cfg.MetricsWebConfig, "metrics", d.log)
+		})
+	}
+	if d.cfg.HealthAddr != "" {
+		goRun(func(ctx context.Context) {
+			httpserve.Run(ctx, d.cfg.HealthAddr, metrics.HealthHandler(d.Ready), d.cfg.HTTPLimits, "", "health", d.log)
 		})
 	}
 	if d.cfg.ControlSocket != "" {

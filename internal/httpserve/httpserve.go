@@ -11,9 +11,15 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"time"
 
+	"github.com/prometheus/exporter-toolkit/web"
 	"golang.org/x/net/netutil"
+	"golang.org/x/sys/unix"
+
+	"github.com/gpud/gpud/internal/safefs"
 )
 
 // Limits bound one server. Zero fields take Defaults' values.
@@ -69,6 +75,14 @@ type Server struct {
 // Serve serves h on ln in the background, within l (zero fields: Defaults),
 // until Close. name tells log lines apart ("metrics", "control socket").
 func Serve(ln net.Listener, h http.Handler, l Limits, name string, log *slog.Logger) *Server {
+	return ServeWeb(ln, h, l, "", name, log)
+}
+
+// ServeWeb is Serve with TLS and basic auth as the exporter-toolkit web
+// config file webConfig says ("": plain HTTP). The file (and the
+// certificates it names) are read again for each new connection, so a
+// renewed certificate is used without a restart.
+func ServeWeb(ln net.Listener, h http.Handler, l Limits, webConfig, name string, log *slog.Logger) *Server {
 	l = l.WithDefaults()
 	s := &Server{
 		srv: &http.Server{
@@ -83,20 +97,71 @@ func Serve(ln net.Listener, h http.Handler, l Limits, name string, log *slog.Log
 		Addr: ln.Addr(),
 	}
 	go func() {
-		if err := s.srv.Serve(netutil.LimitListener(ln, l.MaxConns)); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		lim := netutil.LimitListener(ln, l.MaxConns)
+		var err error
+		if webConfig == "" {
+			err = s.srv.Serve(lim)
+		} else {
+			err = web.Serve(lim, s.srv, &web.FlagConfig{WebConfigFile: &webConfig}, log.With("server", name))
+		}
+		if err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("http server stopped", "server", name, "error", err)
 		}
 	}()
 	return s
 }
 
-// Listen binds a TCP address and serves h on it (see Serve).
-func Listen(addr string, h http.Handler, l Limits, name string, log *slog.Logger) (*Server, error) {
+// Listen binds a TCP address and serves h on it (see ServeWeb).
+func Listen(addr string, h http.Handler, l Limits, webConfig, name string, log *slog.Logger) (*Server, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("%s: listen %s: %w", name, addr, err)
 	}
-	return Serve(ln, h, l, name, log), nil
+	return ServeWeb(ln, h, l, webConfig, name, log), nil
+}
+
+// CheckWebConfig checks a web config file before gpud serves with it: its
+// directory passes safefs's rule and the file is root's and not writable
+// by others (it decides who may read the metrics), and exporter-toolkit
+// accepts it, certificates included. "" is plain HTTP: nothing to check.
+func CheckWebConfig(path string) error {
+	if path == "" {
+		return nil
+	}
+	// A Kubernetes Secret volume holds symlinks (web.yml -> ..data/web.yml,
+	// ..data -> ..2026_...): followed when root's, in a directory that
+	// passed the rule, as safefs follows them on the way to a directory.
+	p := filepath.Clean(path)
+	for hops := 0; ; hops++ {
+		d, err := safefs.OpenExisting("/", filepath.Dir(p))
+		if err != nil {
+			return err
+		}
+		var st unix.Stat_t
+		err = unix.Fstatat(int(d.Fd()), filepath.Base(p), &st, unix.AT_SYMLINK_NOFOLLOW)
+		if err == nil && st.Mode&unix.S_IFMT == unix.S_IFLNK && hops < 8 && st.Uid == 0 {
+			target, lerr := os.Readlink(filepath.Join(d.Path, filepath.Base(p)))
+			d.Close()
+			if lerr != nil {
+				return lerr
+			}
+			if !filepath.IsAbs(target) {
+				target = filepath.Join(filepath.Dir(p), target)
+			}
+			p = filepath.Clean(target)
+			continue
+		}
+		_, err = d.ReadOwned(filepath.Base(p), 1<<20)
+		d.Close()
+		if err != nil {
+			return err
+		}
+		break
+	}
+	if err := web.Validate(path); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return nil
 }
 
 // Close stops serving: in-flight requests get two seconds, idle
@@ -113,9 +178,9 @@ func (s *Server) Close() error {
 // Run serves h on addr until ctx ends. A port that cannot be bound
 // (another gpud still shutting down, a clash) is retried rather than fatal:
 // the node agent's enforcement matters more than its scrape endpoint.
-func Run(ctx context.Context, addr string, h http.Handler, l Limits, name string, log *slog.Logger) {
+func Run(ctx context.Context, addr string, h http.Handler, l Limits, webConfig, name string, log *slog.Logger) {
 	for wait := time.Second; ; wait = min(2*wait, 30*time.Second) {
-		srv, err := Listen(addr, h, l, name, log)
+		srv, err := Listen(addr, h, l, webConfig, name, log)
 		if err == nil {
 			log.Info("serving "+name, "addr", srv.Addr.String())
 			<-ctx.Done()

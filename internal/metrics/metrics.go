@@ -246,8 +246,17 @@ func sortedKeys(m map[string]uint64) []string {
 // /readyz (200 once ready reports true: programs attached, first
 // reconciliation done).
 func (m *Metrics) Handler(ready func() bool) http.Handler {
-	mux := http.NewServeMux()
+	mux := healthMux(ready)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}))
+	return mux
+}
+
+// HealthHandler serves /healthz and /readyz alone (no metric, no pod
+// name): the probes' port when the metrics port wants credentials.
+func HealthHandler(ready func() bool) http.Handler { return healthMux(ready) }
+
+func healthMux(ready func() bool) *http.ServeMux {
+	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "ok")
 	})

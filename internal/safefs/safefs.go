@@ -44,6 +44,9 @@ type Dir struct {
 	Path string // the path as resolved (symlinks followed)
 }
 
+// Fd is the directory's descriptor (for *at calls; valid until Close).
+func (d *Dir) Fd() uintptr { return d.f.Fd() }
+
 // Close releases the directory.
 func (d *Dir) Close() error { return d.f.Close() }
 

@@ -3,9 +3,11 @@
 package k8s
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -242,5 +244,51 @@ spec: {containers: [{name: c, image: %s, command: [sleep, "3600"]}], termination
 	out, err := kubectl(t, "-n", "team-a", "label", "pod", "p-low", "gpud.io/priority=high", "--overwrite")
 	if err == nil || !strings.Contains(out, "not allowed in namespace team-a") {
 		t.Errorf("relabelling a team-a pod high: %v %s", err, out)
+	}
+}
+
+// metricsAuth on the real cluster: the metrics port is HTTPS with basic
+// auth from a Secret, kubelet's probes reach the plain loopback health
+// port (the pod becomes Ready), and the node's :9407 gives nothing
+// without the password.
+func TestHelmChartMetricsAuthOnARealCluster(t *testing.T) {
+	dir := t.TempDir()
+	testutil.WebConfig(t, dir, "/etc/gpud/web", "prometheus", "s3cret")
+	mustKubectl(t, "create", "namespace", "gpud-system")
+	mustKubectl(t, "-n", "gpud-system", "create", "secret", "generic", "gpud-metrics-web",
+		"--from-file=web.yml="+filepath.Join(dir, "web.yml"), "--from-file=tls.crt="+filepath.Join(dir, "tls.crt"),
+		"--from-file=tls.key="+filepath.Join(dir, "tls.key"))
+	dev, _ := fakeGPU(t)
+	deployChart(t, dev, "metricsAuth.secretName=gpud-metrics-web")
+
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	get := func(url, user, pass string) (int, string) {
+		req, _ := http.NewRequest("GET", url, nil)
+		if user != "" {
+			req.SetBasicAuth(user, pass)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := get("https://127.0.0.1:9407/metrics", "", ""); code != http.StatusUnauthorized {
+		t.Errorf("metrics without credentials: %d %.200s", code, body)
+	}
+	if code, body := get("https://127.0.0.1:9407/metrics", "prometheus", "s3cret"); code != http.StatusOK || !strings.Contains(body, "gpud_build_info") {
+		t.Errorf("metrics with credentials: %d %.200s", code, body)
+	}
+	if code, body := get("http://127.0.0.1:9407/metrics", "", ""); code == http.StatusOK {
+		t.Errorf("plain HTTP served the metrics: %.200s", body)
+	}
+	// The probes' port: health only, plain HTTP, loopback.
+	if code, body := httpGet(t, "http://127.0.0.1:9408/readyz"); code != http.StatusOK {
+		t.Errorf("/readyz on the health port: %d %s", code, body)
+	}
+	if code, _ := httpGet(t, "http://127.0.0.1:9408/metrics"); code != http.StatusNotFound {
+		t.Errorf("/metrics on the health port: %d, want 404", code)
 	}
 }
