@@ -133,7 +133,7 @@ func CheckWebConfig(path string) error {
 	// passed the rule, as safefs follows them on the way to a directory.
 	p := filepath.Clean(path)
 	for hops := 0; ; hops++ {
-		d, err := safefs.OpenExisting("/", filepath.Dir(p))
+		d, err := safefs.OpenToRead(filepath.Dir(p))
 		if err != nil {
 			return err
 		}

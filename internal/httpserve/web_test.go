@@ -117,9 +117,21 @@ func TestCheckWebConfigThroughSecretSymlinks(t *testing.T) {
 	os.WriteFile(filepath.Join(ts, "web.yml"), b, 0o644)
 	os.Symlink(filepath.Base(ts), filepath.Join(mount, "..data"))
 	os.Symlink("..data/web.yml", filepath.Join(mount, "web.yml"))
+	// kubelet makes the mount point root's, world-writable and sticky.
+	if err := os.Chmod(mount, 0o777|os.ModeSticky); err != nil {
+		t.Fatal(err)
+	}
 	if err := CheckWebConfig(filepath.Join(mount, "web.yml")); err != nil {
 		t.Errorf("a Secret volume's web config: %v", err)
 	}
+	// Not sticky: anyone could replace web.yml.
+	if err := os.Chmod(mount, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckWebConfig(filepath.Join(mount, "web.yml")); !errors.Is(err, safefs.ErrUnsafe) {
+		t.Errorf("a web config in a world-writable directory: %v, want ErrUnsafe", err)
+	}
+	os.Chmod(mount, 0o755)
 	if err := os.Lchown(filepath.Join(mount, "web.yml"), 65534, 65534); err != nil {
 		t.Fatal(err)
 	}

@@ -91,7 +91,19 @@ func OpenExisting(root, path string) (*Dir, error) {
 	return openDir(root, path, 0, false)
 }
 
+// OpenToRead is OpenExisting (under /) for a directory gpud only reads
+// files of root's from: the directory itself may be root's and sticky
+// (others can add entries but not replace root's), as kubelet makes a
+// Secret volume's mount point. Never for a directory gpud writes in.
+func OpenToRead(path string) (*Dir, error) {
+	return openDirOpts("/", path, 0, false, true)
+}
+
 func openDir(root, path string, perm os.FileMode, create bool) (*Dir, error) {
+	return openDirOpts(root, path, perm, create, false)
+}
+
+func openDirOpts(root, path string, perm os.FileMode, create, stickyLast bool) (*Dir, error) {
 	if path == "" {
 		return nil, errors.New("safefs: empty path")
 	}
@@ -172,7 +184,7 @@ restart:
 			unix.Close(fd)
 			return nil, fmt.Errorf("safefs: %s: %w", next, err)
 		}
-		if err := checkDir(next, &st, i == len(comps)-1); err != nil {
+		if err := checkDir(next, &st, i == len(comps)-1 && !stickyLast); err != nil {
 			unix.Close(fd)
 			return nil, err
 		}

@@ -134,8 +134,13 @@ func TestHelmUninstallLeavesNoGate(t *testing.T) {
 		}
 		kubectl(t, "delete", "namespace", "gpud-system", "--ignore-not-found", "--wait=true", "--timeout=60s")
 	})
+	// Helm keeps its release record in the namespace: it must exist first
+	// (as `helm install --create-namespace` makes it), labelled for
+	// gpud's privileged pod as the chart's own Namespace is.
+	mustKubectl(t, "create", "namespace", "gpud-system")
+	mustKubectl(t, "label", "namespace", "gpud-system", "pod-security.kubernetes.io/enforce=privileged")
 	if out, err := helmCmd(t, "install", "gpud", chartDir(), "-n", "gpud-system", "-f", testValues(t, dev),
-		"--wait", "--timeout=120s"); err != nil {
+		"--set", "createNamespace=false", "--wait", "--timeout=120s"); err != nil {
 		t.Fatalf("helm install: %v\n%s", err, out)
 	}
 	installed = true
