@@ -11,9 +11,11 @@ BENCHTIME ?= 1x
 # Time each fuzz target runs for in `make fuzz` and `make test`.
 FUZZTIME  ?= 10s
 IMAGE     ?= gpud.local/gpud:dev
+# Where `make push` sends the release image (REGISTRY/gpud:VERSION).
+REGISTRY  ?= gpud.local
 CLUSTER_DIR ?= /tmp/gpud-cluster
 
-.PHONY: all build generate check-generate test unit fuzz bench demo lint clean image test-k8s k8s cluster-up cluster-down
+.PHONY: all build generate check-generate test unit fuzz bench demo lint clean image release push test-k8s k8s cluster-up cluster-down
 
 all: build
 
@@ -43,10 +45,10 @@ test: build k8s
 	$(MAKE) --no-print-directory lint; \
 	$(GO) test $(TESTFLAGS) ./...; \
 	GO=$(GO) FUZZTIME=$(FUZZTIME) scripts/fuzz.sh; \
-	scripts/gpud-image.sh $(BIN) $(IMAGE) bin/gpud-image.tar; \
+	GO=$(GO) scripts/release.sh --version $(VERSION) --name $(IMAGE) --out bin/release; \
 	scripts/cluster.sh up $(CLUSTER_DIR); \
 	. $(CLUSTER_DIR)/env; \
-	ctr -n k8s.io -a $$CONTAINERD_SOCK images import bin/gpud-image.tar >/dev/null; \
+	ctr -n k8s.io -a $$CONTAINERD_SOCK images import bin/release/gpud-$(VERSION).oci.tar >/dev/null; \
 	$(GO) test -tags k8s -count=1 -timeout 15m ./test/k8s/
 
 # Unprivileged unit tests only (no root needed; privileged tests skip outside CI).
@@ -69,12 +71,24 @@ demo: build
 	scripts/deps.sh build docker
 	scripts/demo.sh $(BIN)
 
-# gpud's container image through the local Docker engine, nothing pulled;
-# also saved to bin/gpud-image.tar for `ctr -n k8s.io images import`.
-image: build
+# The release: gpud for amd64 and arm64, bare and as one multi-platform
+# image (bin/release/gpud-$(VERSION).oci.tar), reproducible, nothing
+# pulled (scripts/release.sh). `make push REGISTRY=registry.example.com/team`
+# sends it to REGISTRY/gpud:$(VERSION) with `docker login`'s credentials.
+release:
+	GO=$(GO) scripts/release.sh --version $(VERSION) --name $(REGISTRY)/gpud:$(VERSION) --out bin/release
+
+push: release
+	$(GO) run ./tools/ociimage push bin/release/gpud-$(VERSION).oci.tar $(REGISTRY)/gpud:$(VERSION)
+
+# The image for this machine's architecture as $(IMAGE), loaded into the
+# local Docker engine; bin/release/gpud-$(VERSION).oci.tar is the same
+# image for `ctr -n k8s.io images import`.
+image:
 	scripts/deps.sh docker
 	scripts/dockerd.sh start
-	scripts/gpud-image.sh $(BIN) $(IMAGE) bin/gpud-image.tar
+	GO=$(GO) scripts/release.sh --version $(VERSION) --arch $$($(GO) env GOARCH) --name $(IMAGE) --out bin/release --docker-archive bin/gpud-image.docker.tar
+	docker load -i bin/gpud-image.docker.tar
 
 # The Kubernetes end-to-end test: gpud in its DaemonSet pod (deploy/base) on a
 # real one-node cluster brought up for the run and torn down after.
@@ -82,7 +96,7 @@ test-k8s: image k8s
 	@set -e; trap 'scripts/cluster.sh down $(CLUSTER_DIR); scripts/dockerd.sh stop' EXIT; \
 	scripts/cluster.sh up $(CLUSTER_DIR); \
 	. $(CLUSTER_DIR)/env; \
-	ctr -n k8s.io -a $$CONTAINERD_SOCK images import bin/gpud-image.tar >/dev/null; \
+	ctr -n k8s.io -a $$CONTAINERD_SOCK images import bin/release/gpud-$(VERSION).oci.tar >/dev/null; \
 	$(GO) test -tags k8s -count=1 -timeout 15m ./test/k8s/
 
 # gofmt, go vet (k8s-tagged tests too), staticcheck, a build without cgo

@@ -14,6 +14,10 @@
 #   test    everything the privileged tests need (docker, and a C compiler for
 #           the thread-shape helper, internal/testutil/threads.go)
 #   k8s     the one-node test cluster, and Debian's prometheus for test/k8s
+#   release readelf, to find the libraries a release image needs
+#   cross-arm64, cross-amd64  a C cross compiler and that architecture's libc
+#           (gpud links libc through cgo), and qemu-user to run the result,
+#           for scripts/release.sh
 set -euo pipefail
 
 declare -A GROUP_PKGS=(
@@ -22,6 +26,9 @@ declare -A GROUP_PKGS=(
 	[docker]="docker.io busybox-static"
 	[test]="docker.io busybox-static prometheus gcc libc6-dev"
 	[k8s]="containerd runc containernetworking-plugins openssl busybox-static iproute2 procps prometheus"
+	[release]="binutils"
+	[cross-arm64]="gcc-aarch64-linux-gnu libc6-dev-arm64-cross binutils qemu-user"
+	[cross-amd64]="gcc-x86-64-linux-gnu libc6-dev-amd64-cross binutils qemu-user"
 )
 
 die() { echo "deps.sh: $*" >&2; exit 1; }
