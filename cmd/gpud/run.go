@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"runtime/debug"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -21,6 +22,8 @@ import (
 	"github.com/gpud/gpud/internal/daemon"
 	"github.com/gpud/gpud/internal/httpserve"
 	"github.com/gpud/gpud/internal/logging"
+	"github.com/gpud/gpud/internal/metrics"
+	"github.com/gpud/gpud/internal/nvidia"
 	"github.com/gpud/gpud/internal/occupancy"
 )
 
@@ -245,32 +248,12 @@ func cmdRun(args []string) error {
 		log.Info("settings file read", "file", s.File)
 	}
 
-	d, err := daemon.New(o.cfg, log)
-	if err != nil {
-		if errors.Is(err, daemon.ErrConfig) {
-			return usagef("run: %v", strings.TrimPrefix(err.Error(), "config: "))
-		}
-		return err
-	}
-	if ctx.Err() != nil {
-		log.Info("stopped during start-up")
-		return d.Close()
-	}
-	// Start-up's garbage (the kernel's BTF decoded for the programs'
-	// relocations, the first /proc scan) goes back to the OS now, not over
-	// the scavenger's minutes: most of an idle gpud's heap was that.
-	debug.FreeOSMemory()
-	if s.Explicit("monitoring") && d.Monitoring() != o.monitoring {
-		if err := d.SetMonitoring(o.monitoring); err != nil {
-			return errors.Join(fmt.Errorf("run: monitoring switch: %w", err), d.Close())
-		}
-	}
 	if o.cfg.PprofAddr != "" {
 		if err := servePprof(ctx, o.cfg.PprofAddr, log); err != nil {
-			return errors.Join(fmt.Errorf("run: --pprof-addr: %w", err), d.Close())
+			return fmt.Errorf("run: --pprof-addr: %w", err)
 		}
 	}
-	r := &reloader{args: args, d: d, log: log, level: level, running: compared(s)}
+	r := &reloader{args: args, log: log, level: level}
 	go func() {
 		for {
 			select {
@@ -281,21 +264,115 @@ func cmdRun(args []string) error {
 			}
 		}
 	}()
-	return d.Run(ctx)
+	for started := false; ; started = true {
+		if started {
+			// A new daemon on a changed GPU set starts as a restarted gpud
+			// would: from the settings as they are now.
+			if o2, s2, err := loadRun(args, config.Sources{}); err != nil {
+				log.Error("settings now unreadable: starting again with the ones in force", "error", strings.TrimPrefix(err.Error(), "run: "))
+			} else {
+				o, s = o2, s2
+				level.Set(o.level)
+			}
+		}
+		if err := waitForGPUs(ctx, o.cfg, log); err != nil {
+			if ctx.Err() != nil {
+				log.Info("stopped while waiting for GPU device nodes")
+				return nil
+			}
+			return usagef("run: %v", err)
+		}
+		d, err := daemon.New(o.cfg, log)
+		if errors.Is(err, nvidia.ErrNoGPUs) {
+			continue // gone again since the wait saw them
+		}
+		if err != nil {
+			if errors.Is(err, daemon.ErrConfig) {
+				return usagef("run: %v", strings.TrimPrefix(err.Error(), "config: "))
+			}
+			return err
+		}
+		if ctx.Err() != nil {
+			log.Info("stopped during start-up")
+			return d.Close()
+		}
+		// Start-up's garbage (the kernel's BTF decoded for the programs'
+		// relocations, the first /proc scan) goes back to the OS now, not over
+		// the scavenger's minutes: most of an idle gpud's heap was that.
+		debug.FreeOSMemory()
+		if s.Explicit("monitoring") && d.Monitoring() != o.monitoring {
+			if err := d.SetMonitoring(o.monitoring); err != nil {
+				return errors.Join(fmt.Errorf("run: monitoring switch: %w", err), d.Close())
+			}
+		}
+		r.set(d, compared(s))
+		err = d.Run(ctx)
+		r.set(nil, nil)
+		if !errors.Is(err, daemon.ErrGPUsChanged) {
+			return err
+		}
+	}
 }
+
+// waitForGPUs returns once cfg.DevDir has GPU device nodes (at once when
+// it has). While it waits gpud is alive but not ready: /healthz answers
+// 200 and /readyz 503 on the metrics and health addresses, so kubelet
+// neither restarts it nor counts it ready, and the wait is logged once.
+func waitForGPUs(ctx context.Context, cfg daemon.Config, log *slog.Logger) error {
+	wctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	_, err := nvidia.WaitGPUs(wctx, cfg.DevDir, gpuWaitInterval, func(err error) {
+		log.Warn("no GPU device nodes yet: waiting for them (the driver may still be installing)", "dev_dir", cfg.DevDir, "error", err)
+		notReady := metrics.HealthHandler(func() bool { return false })
+		for _, a := range []struct{ addr, webConfig, name string }{
+			{cfg.MetricsAddr, cfg.MetricsWebConfig, "metrics"}, {cfg.HealthAddr, "", "health"},
+		} {
+			if a.addr == "" {
+				continue
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				httpserve.Run(wctx, a.addr, notReady, cfg.HTTPLimits, a.webConfig, a.name+" (waiting for GPUs)", log)
+			}()
+		}
+	})
+	return err
+}
+
+// gpuWaitInterval is how often a gpud with no GPU device node looks again.
+const gpuWaitInterval = 2 * time.Second
 
 // reloader applies SIGHUP: the settings are loaded again from the same
 // command line, the environment and the file, and what may change at run
 // time is applied; the rest is reported as needing a restart.
 type reloader struct {
-	args    []string
+	args  []string
+	log   *slog.Logger
+	level *slog.LevelVar
+
+	mu      sync.Mutex // a SIGHUP against a daemon being replaced
 	d       interface{ Reload(daemon.Reloadable) error }
-	log     *slog.Logger
-	level   *slog.LevelVar
 	running map[string]string // the values in force, as compared
 }
 
+// set names the running daemon and the settings it started with (nil
+// between daemons: a SIGHUP then is only logged).
+func (r *reloader) set(d interface{ Reload(daemon.Reloadable) error }, running map[string]string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.d, r.running = d, running
+}
+
 func (r *reloader) reload(src config.Sources) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.d == nil {
+		r.log.Warn("reload: gpud is not running yet (waiting for GPUs); the settings are read when it starts")
+		return
+	}
 	o, s, err := loadRun(r.args, src)
 	if err != nil {
 		r.log.Error("reload: bad settings; the running ones stay", "error", strings.TrimPrefix(err.Error(), "run: "))

@@ -81,11 +81,25 @@ type Daemon struct {
 // ErrConfig marks errors in what gpud was told (exit status 2).
 var ErrConfig = errors.New("config")
 
+// ErrGPUsChanged is Run's answer when the device directory's GPU nodes
+// are no longer the ones New found (a driver loaded or reloaded, a GPU
+// added or gone): the ledger, the gate's maps and NVML's names are all
+// built on that set, so the caller starts a new daemon on the new one, as
+// a restart of gpud would.
+var ErrGPUsChanged = errors.New("the GPU device nodes changed")
+
+// rediscoverEvery is how often Run looks at the device directory for a
+// changed GPU set: a directory read, nothing per process.
+const rediscoverEvery = 5 * time.Second
+
 // New discovers GPUs, loads and attaches the kernel programs and reconciles
 // the ledger with /proc. Run starts the work.
 func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	cfg.Run = cfg.Run.Complete()
 	gpus, err := nvidia.DiscoverGPUs(cfg.DevDir)
+	if errors.Is(err, nvidia.ErrNoGPUs) {
+		return nil, err // not yet, maybe: the caller may wait (nvidia.WaitGPUs)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
@@ -287,6 +301,8 @@ func (d *Daemon) Run(ctx context.Context) error {
 	errc := make(chan error, 1)
 	goRun(func(ctx context.Context) { errc <- d.tracker.Run(ctx, d.mon) })
 	goRun(d.periodic)
+	changed := make(chan struct{})
+	goRun(func(ctx context.Context) { d.watchGPUs(ctx, changed) })
 	if d.mon.Adopted() {
 		goRun(func(ctx context.Context) { d.gate.TakeOver(ctx, d.mon, d.sources.Done()) })
 	}
@@ -304,11 +320,38 @@ func (d *Daemon) Run(ctx context.Context) error {
 		if err != nil {
 			err = fmt.Errorf("reading kernel events: %w", err)
 		}
+	case <-changed:
+		err = ErrGPUsChanged
 	}
 	cancel()
 	wg.Wait()
 	d.log.Info("gpud stopped")
 	return err
+}
+
+// watchGPUs closes changed when the device directory's GPU set is no
+// longer d.gpus. A directory that cannot be read for a moment changes
+// nothing; one with no GPU node left does (the driver was unloaded).
+func (d *Daemon) watchGPUs(ctx context.Context, changed chan<- struct{}) {
+	tick := time.NewTicker(rediscoverEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		now, err := nvidia.DiscoverGPUs(d.cfg.DevDir)
+		if err != nil && !errors.Is(err, nvidia.ErrNoGPUs) {
+			continue
+		}
+		if nvidia.SameNodes(now, d.gpus) {
+			continue
+		}
+		d.log.Warn("the GPU device nodes changed: starting again on the new set", "gpus_before", len(d.gpus), "gpus_now", len(now))
+		close(changed)
+		return
+	}
 }
 
 // loans is the lender as the gate sees it; nil without lending.

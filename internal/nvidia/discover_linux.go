@@ -1,6 +1,7 @@
 package nvidia
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -8,6 +9,7 @@ import (
 	"regexp"
 	"sort"
 	"strconv"
+	"time"
 
 	"github.com/gpud/gpud/internal/occupancy"
 	"golang.org/x/sys/unix"
@@ -94,4 +96,41 @@ func DiscoverGPUs(devDir string) ([]occupancy.GPU, error) {
 		gpus = append(gpus, occupancy.GPU{Index: n.idx, Device: n.path, Major: unix.Major(n.dev), Minor: unix.Minor(n.dev)})
 	}
 	return gpus, nil
+}
+
+// WaitGPUs is DiscoverGPUs, tried again every interval while devDir has no
+// GPU node yet: on a node whose driver is still being installed (the GPU
+// Operator's driver container) the nodes come minutes after gpud starts.
+// waiting is called once, before the first wait. Any other error (no such
+// directory, an unusable node) is returned at once: waiting would not
+// mend it.
+func WaitGPUs(ctx context.Context, devDir string, interval time.Duration, waiting func(error)) ([]occupancy.GPU, error) {
+	for first := true; ; first = false {
+		gpus, err := DiscoverGPUs(devDir)
+		if !errors.Is(err, ErrNoGPUs) {
+			return gpus, err
+		}
+		if first && waiting != nil {
+			waiting(err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(interval):
+		}
+	}
+}
+
+// SameNodes reports whether two discoveries found the same GPUs: the same
+// indexes, device numbers and node paths (what NVML adds is not compared).
+func SameNodes(a, b []occupancy.GPU) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i].Index != b[i].Index || a[i].Major != b[i].Major || a[i].Minor != b[i].Minor || a[i].Device != b[i].Device {
+			return false
+		}
+	}
+	return true
 }

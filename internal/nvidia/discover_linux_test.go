@@ -1,12 +1,14 @@
 package nvidia
 
 import (
+	"context"
 	"errors"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"reflect"
 	"testing"
+	"time"
 
 	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/testutil"
@@ -175,5 +177,81 @@ func TestDiscoverGPUsByDeviceNumber(t *testing.T) {
 	mk(huge, "nvidia99999999999999999999", 195, 5)
 	if _, err := DiscoverGPUs(huge); !errors.Is(err, ErrBadGPUNode) {
 		t.Errorf("nvidia99999999999999999999: err = %v, want ErrBadGPUNode", err)
+	}
+}
+
+// WaitGPUs: at once when the nodes are there, after they appear when
+// not (telling once that it waits), at once for an error waiting cannot
+// mend, and ctx's error when stopped.
+func TestWaitGPUs(t *testing.T) {
+	testutil.RequireRoot(t)
+	dev := t.TempDir()
+	ctx := context.Background()
+	var waits int
+	type result struct {
+		gpus []occupancy.GPU
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		g, err := WaitGPUs(ctx, dev, 10*time.Millisecond, func(err error) {
+			if !errors.Is(err, ErrNoGPUs) {
+				t.Errorf("waiting on %v, want ErrNoGPUs", err)
+			}
+			waits++
+		})
+		done <- result{g, err}
+	}()
+	select {
+	case r := <-done:
+		t.Fatalf("returned %v, %v with no GPU node", r.gpus, r.err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	if err := unix.Mknod(filepath.Join(dev, "nvidia0"), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 7))); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-done:
+		if r.err != nil || len(r.gpus) != 1 || r.gpus[0].Minor != 7 || waits != 1 {
+			t.Errorf("after mknod: %v, %v, %d waiting calls; want one GPU, one call", r.gpus, r.err, waits)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("still waiting 5 s after the node appeared")
+	}
+
+	// There already: no waiting call.
+	g, err := WaitGPUs(ctx, dev, time.Hour, func(error) { t.Error("waited with a GPU node there") })
+	if err != nil || len(g) != 1 {
+		t.Errorf("%v, %v", g, err)
+	}
+	// No such directory: waiting would not mend it.
+	if _, err := WaitGPUs(ctx, filepath.Join(dev, "missing"), time.Hour, nil); err == nil || errors.Is(err, ErrNoGPUs) {
+		t.Errorf("missing directory: %v, want an error other than ErrNoGPUs", err)
+	}
+	// Stopped while waiting.
+	cctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if _, err := WaitGPUs(cctx, t.TempDir(), 10*time.Millisecond, nil); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("stopped: %v, want the context's error", err)
+	}
+}
+
+func TestSameNodes(t *testing.T) {
+	a := []occupancy.GPU{{Index: 0, Device: "/dev/nvidia0", Major: 195, Minor: 0}, {Index: 1, Device: "/dev/nvidia1", Major: 195, Minor: 1}}
+	b := []occupancy.GPU{{Index: 0, Device: "/dev/nvidia0", Major: 195, Minor: 0, UUID: "GPU-x"}, {Index: 1, Device: "/dev/nvidia1", Major: 195, Minor: 1}}
+	if !SameNodes(a, b) {
+		t.Error("NVML's UUID made two discoveries differ")
+	}
+	for name, c := range map[string][]occupancy.GPU{
+		"one gone":     a[:1],
+		"none":         nil,
+		"other minor":  {a[0], {Index: 1, Device: "/dev/nvidia1", Major: 195, Minor: 2}},
+		"other index":  {a[0], {Index: 2, Device: "/dev/nvidia1", Major: 195, Minor: 1}},
+		"other path":   {a[0], {Index: 1, Device: "/dev/gpu1", Major: 195, Minor: 1}},
+		"one appeared": append(append([]occupancy.GPU{}, a...), occupancy.GPU{Index: 2, Device: "/dev/nvidia2", Major: 195, Minor: 2}),
+	} {
+		if SameNodes(a, c) {
+			t.Errorf("%s: same", name)
+		}
 	}
 }
