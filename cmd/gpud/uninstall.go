@@ -101,7 +101,7 @@ func newUninstallCmd() *cobra.Command {
 	}
 	f := c.Flags()
 	f.SortFlags = false
-	f.StringVar(&p.HostRoot, "host-root", "/", "where the node's / is seen (/proc/1/root from a pod with hostPID); the file paths are resolved under it")
+	f.StringVar(&p.HostRoot, "host-root", "/", "where the node's / is seen (/host in a cleaner pod: the Job mounts the node's / there); the file paths are resolved under it")
 	f.StringVar(&p.PinDir, "bpf-pin-dir", def.PinDir, "bpffs directory of the pinned gate (as this process sees it)")
 	f.StringVar(&p.StateFile, "state-file", def.StateFile, "gpud's state file")
 	f.StringVar(&p.ControlSocket, "control-socket", def.ControlSocket, "gpud's control socket")

@@ -129,6 +129,13 @@ func ready(p *corev1.Pod) bool {
 	return false
 }
 
+// HostRootVolume and HostRootMount are the node's / as a cleaner pod sees
+// it (its --host-root).
+const (
+	HostRootVolume = "gpud-uninstall-host-root"
+	HostRootMount  = "/host"
+)
+
 // patch is the strategic merge patch that turns gpud's pods into
 // cleaners: every pod at once (maxSurge 0: gpud's hostPort allows one pod
 // a node), the cleaner's arguments, its readiness the node's cleanliness,
@@ -145,9 +152,19 @@ func (c Cleanup) patch() ([]byte, error) {
 			"template": map[string]any{
 				"metadata": mark,
 				"spec": map[string]any{
+					// The node's / for the cleaner: a pod's view of the host
+					// through /proc/1/root needs ptrace access to the host's
+					// init, which a container's capabilities need not give.
+					"volumes": []map[string]any{{
+						"name":     HostRootVolume,
+						"hostPath": map[string]any{"path": "/", "type": "Directory"},
+					}},
 					"containers": []map[string]any{{
 						"name":          Container,
 						"args":          c.Args,
+						"volumeMounts": []map[string]any{{
+							"name": HostRootVolume, "mountPath": HostRootMount,
+						}},
 						"livenessProbe": nil,
 						"readinessProbe": map[string]any{
 							"exec":             map[string]any{"command": c.Check},

@@ -26,7 +26,7 @@ const maxEntries = 100000
 // `gpud run` was given them.
 type Paths struct {
 	// HostRoot is where the node's / is seen: "/" on the node itself,
-	// /proc/1/root from a pod with the host's PID namespace. The paths
+	// /host in a cleaner pod (the node's / mounted there by the Job's patch). The paths
 	// below are the node's, resolved under it.
 	HostRoot       string
 	PinDir         string // --bpf-pin-dir; opened as given (a bpffs mount), not under HostRoot

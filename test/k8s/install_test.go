@@ -78,7 +78,7 @@ func TestHelmChartUninstallHookRenders(t *testing.T) {
 	for _, a := range field(ctr, "args").([]any) {
 		args = append(args, a.(string))
 	}
-	for _, want := range []string{"uninstall", "--daemonset=gpud", "--namespace=gpud-system", "--host-root=/proc/1/root",
+	for _, want := range []string{"uninstall", "--daemonset=gpud", "--namespace=gpud-system", "--host-root=/host",
 		"--state-file=/run/other/state.json", "--control-socket=/run/other/gpud.sock",
 		"--state-dir=/srv/gpud-state", "--checkpoint-root=/srv/gpud-state/checkpoints", "--bpf-pin-dir=/sys/fs/bpf/gpud"} {
 		if !slices.Contains(args, want) {
