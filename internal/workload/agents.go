@@ -31,30 +31,6 @@ type Agents struct {
 	Labels []string
 }
 
-// DefaultAgents are NVIDIA's agents as they appear on a GPU node, and gpud
-// itself.
-func DefaultAgents() Agents {
-	return Agents{
-		Comms: []string{
-			"nvidia-persiste", // nvidia-persistenced
-			"nv-hostengine",   // DCGM
-			"dcgm-exporter",
-			"nvidia-device-p", // nvidia-device-plugin
-			"gpu-feature-dis", // gpu-feature-discovery
-			"nv-fabricmanage", // nv-fabricmanager (comm keeps 15 bytes)
-			"nvidia-imex",
-			"nvc:[driver]", // nvidia-container-cli, at each container start
-			"nvidia-smi",
-			"nvidia-validato", // the GPU Operator's nvidia-validator
-			"nvidia-mig-mana", // nvidia-mig-manager
-			"nvidia-cuda-mps", // nvidia-cuda-mps-control / -server
-			"gpud",
-		},
-		Namespaces: []string{"gpu-operator", "nvidia-gpu-operator"},
-		Labels:     []string{"app=nvidia-*", "app=gpu-feature-discovery"},
-	}
-}
-
 // commLen is the kernel's TASK_COMM_LEN less its NUL: a longer name can
 // never be a process's comm.
 const commLen = 15
@@ -86,6 +62,19 @@ func CheckLabel(l string) error {
 	return nil
 }
 
+// CheckNamespace checks an agent namespace: a Kubernetes namespace name
+// (an RFC 1123 label).
+func CheckNamespace(n string) error {
+	ok := n != "" && len(n) <= 63 && n[0] != '-' && n[len(n)-1] != '-'
+	for _, r := range n {
+		ok = ok && (r == '-' || r >= 'a' && r <= 'z' || r >= '0' && r <= '9')
+	}
+	if !ok {
+		return fmt.Errorf("%w namespace %q: not a namespace name (lower-case letters, digits and '-', at most 63)", ErrBadAgent, n)
+	}
+	return nil
+}
+
 // Check checks every setting.
 func (a Agents) Check() error {
 	var errs []error
@@ -96,9 +85,7 @@ func (a Agents) Check() error {
 		errs = append(errs, CheckLabel(l))
 	}
 	for _, n := range a.Namespaces {
-		if n == "" {
-			errs = append(errs, fmt.Errorf("%w namespace: empty", ErrBadAgent))
-		}
+		errs = append(errs, CheckNamespace(n))
 	}
 	return errors.Join(errs...)
 }

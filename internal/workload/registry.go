@@ -505,5 +505,9 @@ func NameHolders(f *v1.StateFile, names func(v1.StateHolder) (namespace, pod, co
 			h := &f.GPUs[i].Holders[j]
 			h.Namespace, h.Pod, h.Container = names(*h)
 		}
+		for j := range f.GPUs[i].Agents {
+			h := &f.GPUs[i].Agents[j]
+			h.Namespace, h.Pod, h.Container = names(*h)
+		}
 	}
 }
