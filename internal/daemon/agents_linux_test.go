@@ -10,6 +10,7 @@ import (
 
 	v1 "github.com/gpud/gpud/api/v1"
 	"github.com/gpud/gpud/internal/occupancy"
+	"github.com/gpud/gpud/internal/preempt"
 	"github.com/gpud/gpud/internal/testutil"
 	"github.com/gpud/gpud/internal/workload"
 )
@@ -163,7 +164,7 @@ func TestAgentsAreNotHoldersDefaultLow(t *testing.T) {
 	if got := pids(f.GPUs[0].Holders); !slices.Equal(got, []int{hi.pid()}) {
 		t.Errorf("holders of GPU 0: %v, want only the high one %d", got, hi.pid())
 	}
-	for _, r := range records(e, "kill") {
+	for _, r := range records(e, preempt.ActionKill) {
 		if r.Victim.PID == agent.pid() || r.Victim.PID == gfd.pid() {
 			t.Errorf("a kill record names an agent: %+v", r)
 		}
