@@ -106,8 +106,8 @@ func TestAgentsAreNotHoldersDefaultLow(t *testing.T) {
 	// Spoofers: a non-root process with the persistence daemon's name, and a
 	// root one in a workload labelled low.
 	spoofer := inContainer(t)
+	spoofer.do("comm nvidia-persiste") // first: after setuid the process is not dumpable, /proc/self/comm root's
 	spoofer.do("setuid 65534")
-	spoofer.do("comm nvidia-persiste")
 	spoofer.doInt("open %s", gpu)
 	labelled, _ := classified(t, reg, "agents-lowlabel", occupancy.Low, "agents-lowlabel")
 	labelled.do("comm nvidia-persiste")
@@ -205,8 +205,8 @@ func TestAgentsAreNotHoldersDefaultHigh(t *testing.T) {
 	// are refused again.
 	openToAll(t, gpu)
 	spoofer := inContainer(t)
+	spoofer.do("comm nvidia-persiste") // first: after setuid the process is not dumpable, /proc/self/comm root's
 	spoofer.do("setuid 65534")
-	spoofer.do("comm nvidia-persiste")
 	spoofer.doInt("open %s", gpu)
 	testutil.WaitStateFile(t, e.cfg.StateFile, 5*time.Second, func(f *v1.StateFile) bool {
 		return testutil.HolderPriority(f, 1, spoofer.pid()) == occupancy.High
@@ -218,9 +218,16 @@ func TestAgentsAreNotHoldersDefaultHigh(t *testing.T) {
 
 // openToAll lets a non-root spoofer open the fake GPU node (its class, not
 // the file mode, is what the test is about).
+// The node and the test's temporary directories above it (t.TempDir's,
+// 0700) are opened up.
 func openToAll(t *testing.T, path string) {
 	t.Helper()
 	if err := os.Chmod(path, 0o666); err != nil {
 		t.Fatal(err)
+	}
+	for dir, i := filepath.Dir(path), 0; i < 2; dir, i = filepath.Dir(dir), i+1 {
+		if err := os.Chmod(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
