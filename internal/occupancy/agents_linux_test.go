@@ -177,3 +177,20 @@ func containsKey(t *testing.T, b []byte, key string) bool {
 	}
 	return false
 }
+
+// A rename forgets that the process was root: the uid read with the old
+// name proves nothing of whoever chose the new one.
+func TestRefreshCommsForgetsRoot(t *testing.T) {
+	l := NewLedger(testGPUs(1), time.Minute)
+	info := pinfo(60, 1, "python")
+	info.Root = true
+	l.AddFD(info, 0, 3, t0)
+	l.RefreshComms(func(int) (string, bool) { return "python", true })
+	if p, _ := l.Has(60); !p.Root {
+		t.Fatal("an unchanged name forgot root")
+	}
+	l.RefreshComms(func(int) (string, bool) { return "nvidia-persiste", true })
+	if p, _ := l.Has(60); p.Root || p.Comm != "nvidia-persiste" {
+		t.Errorf("after a rename: %+v, want the new name and not root", p)
+	}
+}

@@ -565,6 +565,11 @@ func (l *Ledger) RefreshComms(comm func(pid int) (string, bool)) {
 		for pid, c := range names {
 			if p := l.procs[pid]; p != nil && p.info.Comm != c {
 				p.info.Comm = c
+				// Root was read with the old name: a process that dropped
+				// root and then took an agent's name must not pass for
+				// root's choice at the next classification. Unknown is not
+				// root (an exec reads both afresh).
+				p.info.Root = false
 				changed = true
 			}
 		}
