@@ -11,7 +11,7 @@ type Explanation struct {
 	PodUID      string    `json:"pod_uid,omitempty"`
 	Workload    *Workload `json:"workload,omitempty"` // nil: gpud knows no workload for it
 	Priority    Priority  `json:"priority"`
-	Reason      string    `json:"reason"` // label | override | default | host
+	Reason      string    `json:"reason"` // label | override | default | host | agent
 	Why         string    `json:"why"`    // the reason in words
 	Monitoring  bool      `json:"monitoring"`
 	Enforcing   bool      `json:"enforcing"`

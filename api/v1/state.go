@@ -55,6 +55,12 @@ type StateGPU struct {
 	Owner     string        `json:"owner"`
 	Borrower  string        `json:"borrower"`
 	Holders   []StateHolder `json:"holders"`
+	// Agents are processes of NVIDIA's own system agents (persistence
+	// daemon, DCGM, device plugin, ...) that hold the GPU: shown here, never
+	// in holders, because they never make it busy, never own it, are never
+	// preempted and never block an open. Their priority is "unmanaged".
+	// Absent when none (and in files of gpuds before it).
+	Agents []StateHolder `json:"agents,omitempty"`
 	// Aliases are other device nodes of this GPU (same major:minor).
 	Aliases []string `json:"aliases,omitempty"`
 	// Enforced says whether the kernel gate applies the priority rules to

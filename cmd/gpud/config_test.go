@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -375,5 +376,50 @@ func TestRunLoggerRoutesLibraries(t *testing.T) {
 	}
 	if strings.Join(comps, ",") != logging.ComponentKlog+","+logging.ComponentGRPC {
 		t.Errorf("components %v in:\n%s", comps, buf.String())
+	}
+}
+
+// The agent lists from each source: a whole list per source (the file's
+// replaced by the variable's, that by the flag's), "" for none, and names
+// that can never match refused with the key.
+func TestRunAgentSettings(t *testing.T) {
+	o, _, err := loadRun(nil, fakeSources(nil, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	def := config.Defaults()
+	if !slices.Equal(o.cfg.AgentComms, def.AgentComms) || !slices.Contains(o.cfg.AgentComms, "nvidia-persiste") ||
+		!slices.Equal(o.cfg.AgentNamespaces, []string{"gpu-operator", "nvidia-gpu-operator"}) || !slices.Equal(o.cfg.AgentLabels, def.AgentLabels) {
+		t.Errorf("defaults: %q %q %q", o.cfg.AgentComms, o.cfg.AgentNamespaces, o.cfg.AgentLabels)
+	}
+	files := map[string]string{"/g.yaml": "version: v1\nagent-comms: nvidia-persiste, my-agent\nagent-namespaces: ops\nagent-labels: \"\"\n"}
+	o, s, err := loadRun([]string{"--agent-namespaces", "gpu-operator,ops"},
+		fakeSources(map[string]string{"GPUD_CONFIG": "/g.yaml", "GPUD_AGENT_COMMS": "dcgm-exporter"}, files))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(o.cfg.AgentComms, []string{"dcgm-exporter"}) || !slices.Equal(o.cfg.AgentNamespaces, []string{"gpu-operator", "ops"}) ||
+		o.cfg.AgentLabels == nil || len(o.cfg.AgentLabels) != 0 {
+		t.Errorf("from the sources: %q %q %q", o.cfg.AgentComms, o.cfg.AgentNamespaces, o.cfg.AgentLabels)
+	}
+	if s.Origin("agent-comms") != "env GPUD_AGENT_COMMS" || s.Origin("agent-labels") != "file /g.yaml:4" {
+		t.Errorf("origins: %s, %s", s.Origin("agent-comms"), s.Origin("agent-labels"))
+	}
+	// "" is none, not the defaults: Complete leaves an empty list alone.
+	if c := o.cfg.Run.Complete(); c.AgentLabels == nil || len(c.AgentLabels) != 0 {
+		t.Errorf("Complete filled an empty list: %q", c.AgentLabels)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--agent-comms", "nvidia-persistenced"}, `run: agent-comms (flag --agent-comms): invalid value "nvidia-persistenced"`},
+		{[]string{"--agent-labels", "app"}, `run: agent-labels (flag --agent-labels): invalid value "app"`},
+		{[]string{"--agent-namespaces", "GPU"}, `run: agent-namespaces (flag --agent-namespaces): invalid value "GPU"`},
+	} {
+		_, _, err := loadRun(tc.args, fakeSources(nil, nil))
+		if err == nil || !strings.HasPrefix(err.Error(), tc.want) {
+			t.Errorf("%q: %v, want %s…", tc.args, err, tc.want)
+		}
 	}
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/gpud/gpud/internal/metrics"
 	"github.com/gpud/gpud/internal/nvidia"
 	"github.com/gpud/gpud/internal/occupancy"
+	"github.com/gpud/gpud/internal/workload"
 )
 
 func defaultNode() string {
@@ -79,6 +80,9 @@ func runFlags() (*pflag.FlagSet, *runOptions) {
 	fs.StringVar(&cfg.KubeConfig, "kubeconfig", "", "API server for pod labels (default: in-cluster config when in a pod, else none)")
 	fs.StringVar(&cfg.CRIEndpoint, "cri-endpoint", "", "container runtime socket for pod labels when there is no API server (default: containerd's or CRI-O's if present; none disables)")
 	fs.StringVar(&cfg.NRISocket, "nri-socket", def.NRISocket, "the container runtime's NRI socket: pods classified before their containers start, whenever it is there (none disables)")
+	fs.Var(config.NewList(&cfg.AgentComms, def.AgentComms, workload.CheckComm), "agent-comms", "system agents by process name (comm, at most 15 bytes), comma-separated: a root process outside labelled or lent workloads with one of these names is an agent, shown but never a holder (\"\" for none)")
+	fs.Var(config.NewList(&cfg.AgentNamespaces, def.AgentNamespaces, workload.CheckNamespace), "agent-namespaces", "namespaces whose pods may be system agents (the GPU Operator's), comma-separated (\"\" for none)")
+	fs.Var(config.NewList(&cfg.AgentLabels, def.AgentLabels, workload.CheckLabel), "agent-labels", "pods of --agent-namespaces with one of these labels (key=value, value may hold * and ?) are system agents, comma-separated (\"\": every pod of those namespaces)")
 	fs.BoolVar(&cfg.DevicePlugin, "device-plugin", false, "lend idle GPUs to kubelet as --resource-name through a device plugin")
 	fs.StringVar(&cfg.ResourceName, "resource-name", def.ResourceName, "extended resource of lent GPUs")
 	fs.StringVar(&cfg.OwnerResource, "owner-resource", def.OwnerResource, "resource through which pods own GPUs (their owners)")

@@ -480,3 +480,46 @@ func orList(w []string) string {
 	}
 	return strings.Join(w[:len(w)-1], ", ") + " or " + w[len(w)-1]
 }
+
+// List is a pflag.Value holding a comma-separated list. Each Set replaces
+// the whole list (pflag's StringSlice appends after its first Set, and
+// Load sets a flag once per source): "" is the empty list. Items are
+// trimmed; empty items are dropped. check, when set, vets each item.
+type List struct {
+	p     *[]string
+	check func(string) error
+}
+
+// NewList sets *p to a copy of def and returns a value for it.
+func NewList(p *[]string, def []string, check func(string) error) *List {
+	*p = slices.Clone(def)
+	return &List{p: p, check: check}
+}
+
+func (l *List) Set(s string) error {
+	out := []string{} // not nil: an empty list is a setting (Run.Complete fills only nil)
+	for _, item := range strings.Split(s, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			continue
+		}
+		if l.check != nil {
+			if err := l.check(item); err != nil {
+				return err
+			}
+		}
+		out = append(out, item)
+	}
+	*l.p = out
+	return nil
+}
+
+func (l *List) String() string {
+	if l == nil || l.p == nil {
+		return ""
+	}
+	return strings.Join(*l.p, ",")
+}
+
+// Type names the value in help (pflag.Value).
+func (l *List) Type() string { return "strings" }

@@ -5,6 +5,7 @@ import (
 	"github.com/spf13/pflag"
 	"io"
 	"io/fs"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -287,5 +288,41 @@ func TestLongDashes(t *testing.T) {
 	fs, v := newFlags()
 	if _, err := Load(fs, []string{"-idle-after", "3m", "-state-file", "-x"}, fake(nil, nil)); err != nil || v.idleAfter != 3*time.Minute || v.stateFile != "-x" {
 		t.Errorf("single-dash flags: %v, idle-after %s, state-file %q", err, v.idleAfter, v.stateFile)
+	}
+}
+
+// A List is replaced whole by each Set (a later source wins, never
+// appends), "" is the empty list (not nil), and items are vetted.
+func TestList(t *testing.T) {
+	var got []string
+	def := []string{"a", "b"}
+	l := NewList(&got, def, func(s string) error {
+		if s == "bad" {
+			return errors.New("no")
+		}
+		return nil
+	})
+	got[0] = "x"
+	if def[0] != "a" {
+		t.Fatal("the default shares its array with the value")
+	}
+	if err := l.Set(" c , d,,"); err != nil || l.String() != "c,d" {
+		t.Fatalf("Set: %v %q", err, got)
+	}
+	if err := l.Set("e"); err != nil || l.String() != "e" {
+		t.Fatalf("a second Set appended: %q", got)
+	}
+	if err := l.Set(""); err != nil || got == nil || len(got) != 0 {
+		t.Fatalf("Set(\"\") = %#v, want an empty non-nil list", got)
+	}
+	if err := l.Set("f,bad"); err == nil || len(got) != 0 {
+		t.Errorf("a bad item: %v, list %q changed", err, got)
+	}
+	r := Run{}.Complete()
+	if !slices.Equal(r.AgentComms, Defaults().AgentComms) || len(r.AgentComms) == 0 {
+		t.Errorf("Complete: agent comms %q", r.AgentComms)
+	}
+	if r := (Run{AgentComms: []string{}}).Complete(); len(r.AgentComms) != 0 {
+		t.Errorf("Complete filled an explicitly empty list: %q", r.AgentComms)
 	}
 }

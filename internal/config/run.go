@@ -45,6 +45,15 @@ type Run struct {
 	// it is there; "none" disables.
 	NRISocket string
 
+	// System agents: NVIDIA's own daemons that keep GPUs open. They are
+	// shown, never holders: no busy GPU, no activity, no owner, no victim,
+	// no refusal because of them (workload.Agents, which has the trust
+	// rule: a name counts only for root outside labelled or lent
+	// workloads, a label only in an agent namespace).
+	AgentComms      []string // process names (comm, ≤ 15 bytes)
+	AgentNamespaces []string // namespaces whose pods may be agents
+	AgentLabels     []string // key=glob: which pods of those namespaces are
+
 	// Lending idle GPUs through a kubelet device plugin.
 	DevicePlugin       bool
 	ResourceName       string
@@ -101,9 +110,26 @@ func Defaults() Run {
 		KubeletDir:         "/var/lib/kubelet/device-plugins",
 		PodResourcesSocket: "/var/lib/kubelet/pod-resources/kubelet.sock",
 		NRISocket:          "/var/run/nri/nri.sock",
-		MetricsAddr:        ":9407",
-		PinDir:             "/sys/fs/bpf/gpud",
-		KeepEnforcing:      true,
+		AgentComms: []string{
+			"nvidia-persiste", // nvidia-persistenced (a comm keeps 15 bytes)
+			"nv-hostengine",   // DCGM
+			"dcgm-exporter",
+			"nvidia-device-p", // nvidia-device-plugin
+			"gpu-feature-dis", // gpu-feature-discovery: NVML init every 60 s
+			"nv-fabricmanage", // nv-fabricmanager
+			"nvidia-imex",
+			"nvc:[driver]", // nvidia-container-cli, at each container start
+			"nvidia-smi",
+			"nvidia-validato", // the GPU Operator's nvidia-validator
+			"nvidia-mig-mana", // nvidia-mig-manager
+			"nvidia-cuda-mps", // nvidia-cuda-mps-control and -server
+			"gpud",
+		},
+		AgentNamespaces: []string{"gpu-operator", "nvidia-gpu-operator"},
+		AgentLabels:     []string{"app=nvidia-*", "app=gpu-feature-discovery"},
+		MetricsAddr:     ":9407",
+		PinDir:          "/sys/fs/bpf/gpud",
+		KeepEnforcing:   true,
 	}
 }
 
@@ -139,6 +165,15 @@ func (r Run) Complete() Run {
 	if r.RingBytes == 0 {
 		r.RingBytes = d.RingBytes
 	}
+	// nil is "not given"; an empty, non-nil list is "none" (a flag set to "").
+	list := func(p *[]string, def []string) {
+		if *p == nil {
+			*p = def
+		}
+	}
+	list(&r.AgentComms, d.AgentComms)
+	list(&r.AgentNamespaces, d.AgentNamespaces)
+	list(&r.AgentLabels, d.AgentLabels)
 	return r
 }
 

@@ -384,7 +384,7 @@ func (d *Daemon) periodic(ctx context.Context) {
 				}
 				nvmlFailing = err != nil
 				for gpu, a := range act {
-					d.ledger.Activity(gpu, a.At)
+					d.ledger.ActivityBy(gpu, a.At, a.PIDs) // agents' use is none
 					if d.lender != nil {
 						d.lender.Activity(gpu, a.PIDs)
 					}
@@ -410,7 +410,11 @@ func (d *Daemon) periodic(ctx context.Context) {
 // executor with each source's reclaim action.
 func (d *Daemon) setupWorkloads(cgroupRoot string) error {
 	cfg := d.cfg
-	d.registry = &workload.Registry{Default: cfg.DefaultPriority, Log: d.log}
+	agents := workload.Agents{Comms: cfg.AgentComms, Namespaces: cfg.AgentNamespaces, Labels: cfg.AgentLabels}
+	if err := agents.Check(); err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	d.registry = &workload.Registry{Default: cfg.DefaultPriority, Agents: agents, Log: d.log}
 	j, err := preempt.OpenStateJournal(cfg.StateDir, d.log)
 	if err != nil {
 		return fmt.Errorf("%w: --state-dir: %w", ErrConfig, err)

@@ -179,8 +179,16 @@ func helperCmd(f []string) (string, error) {
 			time.Sleep(time.Duration(i%5+1) * time.Millisecond) // idle gaps for low opens to get in
 		}
 		return strconv.Itoa(n), w.Flush()
-	case "exec": // replace this process with sleep; non-CLOEXEC fds survive
-		return "", syscall.Exec("/bin/sleep", []string{"sleep", "600"}, os.Environ())
+	case "exec": // exec [PATH]: replace this process with sleep (or PATH, a copy of it); non-CLOEXEC fds survive
+		bin := "/bin/sleep"
+		if len(f) > 1 {
+			bin = f[1]
+		}
+		return "", syscall.Exec(bin, []string{bin, "600"}, os.Environ())
+	case "comm": // comm NAME: rename the process (its leader's comm, as prctl PR_SET_NAME would)
+		return "ok", os.WriteFile("/proc/self/comm", []byte(f[1]), 0)
+	case "setuid": // setuid UID: drop root for good (real, effective and saved uid)
+		return "ok", syscall.Setuid(atoi(f[1]))
 	case "exit":
 		os.Exit(0)
 	}

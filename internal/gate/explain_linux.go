@@ -48,6 +48,9 @@ func (c *Controller) Explain(pid int) (*v1.Explanation, error) {
 	}
 	e.Cgroup = cgPath
 	w, known, class, reason := c.Registry.Explain(info)
+	if c.Registry.AgentProc(info) {
+		class, reason = occupancy.Unmanaged, workload.ReasonAgent
+	}
 	e.Priority, e.Reason = class, reason
 	if known {
 		e.Workload = &v1.Workload{Namespace: w.Namespace, Name: w.Name, PodUID: w.PodUID,
@@ -148,6 +151,8 @@ func (c *Controller) why(w workload.Workload, known bool, class occupancy.Priori
 		what = "cgroup"
 	}
 	switch reason {
+	case workload.ReasonAgent:
+		return "a system agent (--agent-comms as root, or a pod of --agent-namespaces): never a holder, never preempted, never refused"
 	case workload.ReasonLabel:
 		if w.ContainerID == "" && w.PodUID == "" {
 			return "its cgroup was classified " + string(class)

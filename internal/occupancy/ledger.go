@@ -56,6 +56,14 @@ type ProcInfo struct {
 	// Unknown: classified by default because gpud did not know its
 	// container or pod yet (set by the classifier).
 	Unknown bool
+	// Root: its real uid is 0 (/proc/<pid>/status). Read, never guessed:
+	// false when unknown, so nothing that trusts root trusts a guess.
+	Root bool
+	// Agent: a system agent (NVIDIA's persistence daemon, DCGM, device
+	// plugin, ...; set by the classifier). An agent holds GPUs without
+	// making them busy: it is no holder to the rules, the idle detection,
+	// the lending or the preemption; the ledger keeps it only to show it.
+	Agent bool
 }
 
 // ProcFDs is one process's GPU fds, as read from /proc or known from events.
@@ -168,7 +176,9 @@ func (l *Ledger) AddFD(info ProcInfo, gpu int, fd int32, at time.Time) {
 		}
 		_, known := h.fds[fd]
 		h.fds[fd] = struct{}{}
-		if at.After(g.lastActive) {
+		// An agent's open is no use of the GPU: GPU Feature Discovery
+		// opens every GPU each minute, and would keep every GPU busy.
+		if !p.info.Agent && at.After(g.lastActive) {
 			g.lastActive = at
 		}
 		return l.publishLocked(at) || !known
@@ -250,7 +260,7 @@ func (l *Ledger) setProcessLocked(pf ProcFDs, at time.Time) bool {
 		h := &hold{fds: map[int32]struct{}{}, openedAt: at}
 		if old != nil && old.holds[gpu] != nil {
 			h.openedAt = old.holds[gpu].openedAt
-		} else if !l.heldLocked(gpu) && at.After(g.lastActive) {
+		} else if !pf.Info.Agent && !l.heldLocked(gpu) && at.After(g.lastActive) {
 			// A holder appears on a GPU nobody held: count it as active now,
 			// since nothing is known of its past (a GPU used long ago must
 			// not read idle the moment a new holder is found).
@@ -334,8 +344,17 @@ func (l *Ledger) ReplaceAll(procs []ProcFDs, at time.Time) {
 }
 
 // Activity records use of gpu at the given time (an NVML utilization sample).
-func (l *Ledger) Activity(gpu int, at time.Time) {
+func (l *Ledger) Activity(gpu int, at time.Time) { l.ActivityBy(gpu, at, nil) }
+
+// ActivityBy records use of gpu at the given time by pids (an NVML
+// utilization sample names the processes): when every one of them is an
+// agent, it is no use (DCGM's own profiling, nvidia-smi). Without pids the
+// sample counts.
+func (l *Ledger) ActivityBy(gpu int, at time.Time, pids []uint32) {
 	l.mutate(func() bool {
+		if len(pids) > 0 && l.allAgentsLocked(pids) {
+			return false
+		}
 		g, ok := l.gpus[gpu]
 		if !ok || !at.After(g.lastActive) {
 			return false
@@ -364,9 +383,21 @@ func (l *Ledger) publishLocked(now time.Time) bool {
 	return changed
 }
 
+// allAgentsLocked reports whether every pid is a known agent.
+func (l *Ledger) allAgentsLocked(pids []uint32) bool {
+	for _, pid := range pids {
+		p := l.procs[int(pid)]
+		if p == nil || !p.info.Agent {
+			return false
+		}
+	}
+	return true
+}
+
+// heldLocked reports whether a holder other than an agent holds idx.
 func (l *Ledger) heldLocked(idx int) bool {
 	for _, p := range l.procs {
-		if p.holds[idx] != nil {
+		if p.holds[idx] != nil && !p.info.Agent {
 			return true
 		}
 	}
@@ -399,6 +430,7 @@ type GPUView struct {
 	State      State
 	LastActive time.Time
 	Holders    []HolderView // by PID
+	Agents     []HolderView // system agents holding it, by PID: not holders
 }
 
 // Snapshot is a consistent copy of the ledger.
@@ -422,22 +454,41 @@ func (l *Ledger) Snapshot(now time.Time) Snapshot {
 			if h == nil {
 				continue
 			}
-			v.Holders = append(v.Holders, HolderView{
+			hv := HolderView{
 				ProcInfo: p.info, FDs: slices.Sorted(maps.Keys(h.fds)), OpenedAt: h.openedAt, OpenedUnknown: p.openedUnknown,
-			})
+			}
+			if p.info.Agent {
+				v.Agents = append(v.Agents, hv)
+			} else {
+				v.Holders = append(v.Holders, hv)
+			}
 		}
 		s.GPUs = append(s.GPUs, v)
 	}
 	return s
 }
 
-// Holders returns the processes holding gpu.
+// Holders returns the processes holding gpu, agents left out: what is
+// asked of holders (victims, owners, borrowers) never applies to an agent.
 func (l *Ledger) Holders(gpu int) []ProcInfo {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var out []ProcInfo
 	for _, p := range l.procs {
-		if p.holds[gpu] != nil {
+		if p.holds[gpu] != nil && !p.info.Agent {
+			out = append(out, p.info)
+		}
+	}
+	return out
+}
+
+// Agents returns the system agents holding gpu.
+func (l *Ledger) Agents(gpu int) []ProcInfo {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []ProcInfo
+	for _, p := range l.procs {
+		if p.holds[gpu] != nil && p.info.Agent {
 			out = append(out, p.info)
 		}
 	}
@@ -456,6 +507,9 @@ func (l *Ledger) Counts() map[int]ClassCounts {
 		out[idx] = ClassCounts{}
 	}
 	for _, p := range l.procs {
+		if p.info.Agent {
+			continue // never blocks an open, never a victim
+		}
 		for gpu := range p.holds {
 			c := out[gpu]
 			switch p.info.Priority {
@@ -476,11 +530,16 @@ func (l *Ledger) Reclassify(classify func(*ProcInfo)) {
 	l.mutate(func() bool {
 		changed := false
 		for _, p := range l.procs {
-			before := p.info.Priority
+			before, agent := p.info.Priority, p.info.Agent
 			classify(&p.info)
-			if p.info.Priority != before {
+			if p.info.Priority != before || p.info.Agent != agent {
 				changed = true
 			}
+		}
+		if changed {
+			// A holder that became an agent (or stopped being one) can
+			// free a GPU (or hold one).
+			l.publishLocked(time.Now())
 		}
 		return changed
 	})
@@ -506,6 +565,11 @@ func (l *Ledger) RefreshComms(comm func(pid int) (string, bool)) {
 		for pid, c := range names {
 			if p := l.procs[pid]; p != nil && p.info.Comm != c {
 				p.info.Comm = c
+				// Root was read with the old name: a process that dropped
+				// root and then took an agent's name must not pass for
+				// root's choice at the next classification. Unknown is not
+				// root (an exec reads both afresh).
+				p.info.Root = false
 				changed = true
 			}
 		}

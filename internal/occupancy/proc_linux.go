@@ -353,6 +353,11 @@ func (p *ProcFS) Info(pid int) (ProcInfo, error) {
 		return info, fmt.Errorf("occupancy: /proc/%d/stat: %w", pid, err)
 	}
 	info.Comm, info.StartTime = comm, start
+	// Real uid 0 only from status: the owner of /proc/<pid> is no proof (a
+	// process that makes itself non-dumpable shows as root's there).
+	if status, err := os.ReadFile(filepath.Join(base, "status")); err == nil {
+		info.Root = realRoot(status)
+	}
 	if p.Root == "/proc" {
 		info.PidfdIno = PidfdIno(pid)
 	}
@@ -371,6 +376,20 @@ func (p *ProcFS) Info(pid int) (ProcInfo, error) {
 		}
 	}
 	return info, nil
+}
+
+// realRoot reports whether a /proc/<pid>/status document says the real uid
+// (the first of the Uid: line's four) is 0; false when it does not say.
+func realRoot(status []byte) bool {
+	for line := range bytes.Lines(status) {
+		rest, ok := bytes.CutPrefix(line, []byte("Uid:"))
+		if !ok {
+			continue
+		}
+		f := bytes.Fields(rest)
+		return len(f) == 4 && string(f[0]) == "0"
+	}
+	return false
 }
 
 // parseStat returns comm and starttime (field 22) of a /proc/<pid>/stat line.

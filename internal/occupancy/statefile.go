@@ -30,19 +30,26 @@ func Render(s Snapshot, node string, monitoring bool) v1.StateFile {
 			sg.IdleSince = &t
 		}
 		for _, h := range g.Holders {
-			pr := h.Priority
-			if pr == "" {
-				pr = Unclassified
-			}
-			sg.Holders = append(sg.Holders, v1.StateHolder{
-				PID: h.PID, Comm: h.Comm, CgroupID: h.CgroupID, ContainerID: h.ContainerID,
-				PodUID: h.PodUID, Priority: pr, OpenedAt: h.OpenedAt.UTC(), FDs: len(h.FDs),
-				OpenedBeforeClassified: h.OpenedUnknown,
-			})
+			sg.Holders = append(sg.Holders, stateHolder(h))
+		}
+		for _, h := range g.Agents {
+			sg.Agents = append(sg.Agents, stateHolder(h))
 		}
 		f.GPUs = append(f.GPUs, sg)
 	}
 	return f
+}
+
+func stateHolder(h HolderView) v1.StateHolder {
+	pr := h.Priority
+	if pr == "" {
+		pr = Unclassified
+	}
+	return v1.StateHolder{
+		PID: h.PID, Comm: h.Comm, CgroupID: h.CgroupID, ContainerID: h.ContainerID,
+		PodUID: h.PodUID, Priority: pr, OpenedAt: h.OpenedAt.UTC(), FDs: len(h.FDs),
+		OpenedBeforeClassified: h.OpenedUnknown,
+	}
 }
 
 // WriteStateFile writes f to path atomically: a temporary file in the same
@@ -128,6 +135,11 @@ func ParseStateFile(b []byte) (*v1.StateFile, error) {
 		for j, h := range g.Holders {
 			if h.PID <= 0 {
 				return nil, fmt.Errorf("%w: gpus[%d].holders[%d].pid %d", ErrBadStateFile, i, j, h.PID)
+			}
+		}
+		for j, h := range g.Agents {
+			if h.PID <= 0 {
+				return nil, fmt.Errorf("%w: gpus[%d].agents[%d].pid %d", ErrBadStateFile, i, j, h.PID)
 			}
 		}
 	}

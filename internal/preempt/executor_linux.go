@@ -86,6 +86,11 @@ func (e *Executor) Preempt(ctx context.Context, gpu int, rule string, preemptor 
 	}
 	var mine []Victim
 	for _, v := range victims {
+		if v.Agent {
+			// Never a victim, whoever asks: the callers leave agents out
+			// (occupancy.Ledger.Holders); this is the last line.
+			continue
+		}
 		if _, ok := e.dead[deadKey{v.PID, v.StartTime}]; ok {
 			continue
 		}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -64,7 +65,13 @@ func renderTable(out io.Writer, f *v1.StateFile, now time.Time, wide bool) error
 		if g.State == occupancy.Idle && g.IdleSince != nil {
 			state += " " + ago(now, *g.IdleSince)
 		}
-		if len(g.Holders) == 0 {
+		// Agents follow the holders, their class shown as "agent": they
+		// hold the GPU without making it busy.
+		rows := g.Holders
+		if len(g.Agents) > 0 {
+			rows = append(slices.Clone(g.Holders), g.Agents...)
+		}
+		if len(rows) == 0 {
 			if wide {
 				fmt.Fprintf(tw, "%d\t%s\t-\t-\t-\t-\t-\t-\t-\t%s\n", g.Index, state, orDash(g.UUID))
 			} else {
@@ -72,10 +79,13 @@ func renderTable(out io.Writer, f *v1.StateFile, now time.Time, wide bool) error
 			}
 			continue
 		}
-		for i, h := range g.Holders {
+		for i, h := range rows {
 			gpu, uuid := fmt.Sprint(g.Index), orDash(g.UUID)
 			if i > 0 {
 				gpu, state, uuid = "", "", ""
+			}
+			if i >= len(g.Holders) {
+				h.Priority = "agent"
 			}
 			if wide {
 				container := "-"

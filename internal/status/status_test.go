@@ -333,3 +333,33 @@ func TestRenderHealth(t *testing.T) {
 		}
 	}
 }
+
+// Agents are listed after a GPU's holders with the class "agent", and a
+// GPU only agents hold reads free with them listed (not "-").
+func TestRenderAgents(t *testing.T) {
+	f := realistic()
+	f.GPUs[2].Agents = []v1.StateHolder{{PID: 2101, Comm: "nvidia-persiste", Priority: occupancy.Unmanaged, OpenedAt: at(3 * time.Hour), FDs: 1}}
+	f.GPUs[1].Agents = []v1.StateHolder{{PID: 2101, Comm: "nvidia-persiste", Priority: occupancy.Unmanaged, OpenedAt: at(3 * time.Hour), FDs: 1}}
+	out := render(t, f)
+	var agentLines []string
+	for _, line := range strings.Split(out, "\n") {
+		if strings.Contains(line, "nvidia-persiste") {
+			agentLines = append(agentLines, line)
+		}
+	}
+	if len(agentLines) != 2 {
+		t.Fatalf("want the agent on 2 lines:\n%s", out)
+	}
+	for _, l := range agentLines {
+		if !strings.Contains(l, " agent ") || strings.Contains(l, "unmanaged") {
+			t.Errorf("agent line without the class agent: %q", l)
+		}
+	}
+	if !strings.Contains(agentLines[1], "2 ") || !strings.Contains(agentLines[1], "free") {
+		t.Errorf("GPU 2 (free, an agent) line: %q", agentLines[1])
+	}
+	// The holder lines keep their classes.
+	if !strings.Contains(out, "jupyter-lab") || !strings.Contains(out, "low") {
+		t.Errorf("the holders changed:\n%s", out)
+	}
+}

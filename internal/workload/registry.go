@@ -59,6 +59,9 @@ type Workload struct {
 	TaskID      string // gpud.io/task-id, else the container name or namespace/name
 	Priority    occupancy.Priority
 	CgroupID    uint64 // cgroup v2 id of the container or pod, 0 until known
+	// Agent: a pod of system agents (Agents.Pod); its Priority is
+	// Unmanaged, so the gate never hears of its cgroup.
+	Agent bool
 }
 
 // key names a workload in the registry.
@@ -79,7 +82,9 @@ func PodKey(uid string) string { return "pod/" + uid }
 // OnChange hook keeps the kernel's cgroup map in step.
 type Registry struct {
 	Default occupancy.Priority // for workloads without the label
-	Log     *slog.Logger
+	// Agents are the system agents (set before the sources start).
+	Agents Agents
+	Log    *slog.Logger
 	// OnChange is called for each cgroup whose class changed: prio is
 	// occupancy.High or occupancy.Low, or "" when it is no longer classified.
 	OnChange func(cgroupID uint64, prio occupancy.Priority)
@@ -180,6 +185,21 @@ func (r *Registry) Classify(containerID string, labels map[string]string) occupa
 		}
 	}
 	return r.def()
+}
+
+// ClassifyPod returns a pod's class and whether it is a system agent: a pod
+// with a well-formed gpud.io/priority label has that class whatever its
+// namespace; else a pod Agents.Pod names is an agent (Unmanaged); else the
+// default (Classify).
+func (r *Registry) ClassifyPod(uid, namespace string, labels map[string]string) (occupancy.Priority, bool) {
+	key := PodKey(uid)
+	if _, err := ParseLabel(labels[LabelPriority]); err != nil && r.Agents.Pod(namespace, labels) {
+		r.mu.Lock()
+		delete(r.defaulted, key) // not a default class: a reload's SetDefault leaves it
+		r.mu.Unlock()
+		return occupancy.Unmanaged, true
+	}
+	return r.Classify(key, labels), false
 }
 
 func (r *Registry) def() occupancy.Priority {
@@ -333,6 +353,7 @@ const (
 	ReasonOverride = "override" // lending forced its pod's class (borrower low, owner high)
 	ReasonDefault  = "default"  // no or a malformed label, or a workload gpud does not know
 	ReasonHost     = "host"     // not in a container: never managed
+	ReasonAgent    = "agent"    // a system agent (Agents): never managed, never a holder
 )
 
 // Explain returns the workload a process belongs to (ok false when none is
@@ -354,6 +375,8 @@ func (r *Registry) Explain(info occupancy.ProcInfo) (w Workload, ok bool, class 
 	switch {
 	case w.Priority != raw.Priority || (raw.PodUID != "" && r.overrides[raw.PodUID] != ""):
 		reason = ReasonOverride
+	case raw.Agent:
+		reason = ReasonAgent
 	case r.defaulted[raw.key()]:
 		reason = ReasonDefault
 	default:
@@ -364,8 +387,56 @@ func (r *Registry) Explain(info occupancy.ProcInfo) (w Workload, ok bool, class 
 
 // ClassifyProc sets a holder's priority: its workload's class; a process
 // in an unknown container gets the default; host processes (no container)
-// are unmanaged.
+// are unmanaged. It also says whether the process is a system agent
+// (AgentProc), which is then Unmanaged whatever its workload's default.
 func (r *Registry) ClassifyProc(info *occupancy.ProcInfo) {
+	info.Agent = r.AgentProc(*info)
+	r.classifyProc(info)
+	if info.Agent {
+		info.Priority, info.Unknown = occupancy.Unmanaged, false
+	}
+}
+
+// AgentProc reports whether a process is a system agent: in an agent pod,
+// or named as an agent (Agents.Comms) while it is root and its class could
+// not have come from anyone's choice: a host process, a container with no
+// or a malformed label, or an unlabelled pod of an agent namespace. A
+// process of a labelled or lent workload is never an agent by name, and
+// neither is one of an unknown pod (its namespace is not known yet): the
+// name is the process's own to set (prctl), the uid and the label are not.
+func (r *Registry) AgentProc(info occupancy.ProcInfo) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, forced := r.overrides[info.PodUID]; forced && info.PodUID != "" {
+		return false // lending's owner or borrower: a holder by definition
+	}
+	raw, known := r.lookupLocked(info)
+	if known && raw.PodUID != "" {
+		if _, forced := r.overrides[raw.PodUID]; forced {
+			return false
+		}
+	}
+	if known && raw.Agent {
+		return true
+	}
+	if !info.Root || !r.Agents.Comm(info.Comm) {
+		return false
+	}
+	switch {
+	case !known:
+		// A host process, or a container gpud does not know (no labels
+		// seen: nothing chose a class for it). An unknown pod waits for
+		// its namespace; Reclassify runs when the pod is learnt.
+		return info.PodUID == ""
+	case !r.defaulted[raw.key()]:
+		return false // its class came from its label
+	case raw.PodUID != "":
+		return r.Agents.Namespace(raw.Namespace)
+	}
+	return true
+}
+
+func (r *Registry) classifyProc(info *occupancy.ProcInfo) {
 	info.Unknown = false
 	if w, ok := r.Lookup(*info); ok {
 		info.Priority = w.Priority
@@ -432,6 +503,10 @@ func NameHolders(f *v1.StateFile, names func(v1.StateHolder) (namespace, pod, co
 	for i := range f.GPUs {
 		for j := range f.GPUs[i].Holders {
 			h := &f.GPUs[i].Holders[j]
+			h.Namespace, h.Pod, h.Container = names(*h)
+		}
+		for j := range f.GPUs[i].Agents {
+			h := &f.GPUs[i].Agents[j]
 			h.Namespace, h.Pod, h.Container = names(*h)
 		}
 	}

@@ -31,6 +31,9 @@ func TestHelmChartSchemaRejectsBadValues(t *testing.T) {
 		{"--set=serviceMonitor.interval=30", "/serviceMonitor/interval"},
 		{"--set=admissionPolicy.validationActions={Block}", "/admissionPolicy/validationActions"},
 		{"--set=uninstallHook.timeoutSeconds=0", "/uninstallHook/timeoutSeconds"},
+		{"--set=gpud.agentComms={nvidia-persistenced}", "/gpud/agentComms/0"}, // a comm keeps 15 bytes: never matches
+		{"--set=gpud.agentLabels={app}", "/gpud/agentLabels/0"},               // not key=value
+		{"--set=gpud.agentNamespaces={GPU_Operator}", "/gpud/agentNamespaces/0"},
 	} {
 		out, err := exec.Command(filepath.Join(root, "scripts/helm.sh"), "template", "gpud", chartDir(), tc.set).CombinedOutput()
 		if err == nil {

@@ -334,3 +334,27 @@ func TestSweepPreemptsLateClassifiedBorrower(t *testing.T) {
 		t.Fatalf("preemptions after the loan ended: %+v", c)
 	}
 }
+
+// An agent on every GPU (nvidia-persistenced) changes nothing: GPU 0 is
+// still idle and lendable, its owner still the owner pod and not the
+// agent; GPU 1 is still free (lent only with --lend-free).
+func TestAgentsDoNotBlockLending(t *testing.T) {
+	f := newFixture(t)
+	agent := occupancy.ProcInfo{PID: 7, Comm: "nvidia-persiste", Priority: occupancy.Unmanaged, Root: true, Agent: true}
+	f.ledger.AddFD(agent, 0, 3, time.Now())
+	f.ledger.AddFD(agent, 1, 4, time.Now())
+	health := map[string]bool{}
+	for _, d := range f.l.Devices() {
+		health[d.ID] = d.Healthy
+	}
+	if !health["gpu-0"] || health["gpu-1"] {
+		t.Fatalf("health %v: want GPU 0 lendable (idle: the agent's open is no activity) and GPU 1 free", health)
+	}
+	r, err := f.l.Allocate([]string{"gpu-0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Envs["GPUD_OWNER"] != "default/owner" {
+		t.Errorf("owner %q, want default/owner (never an agent)", r.Envs["GPUD_OWNER"])
+	}
+}

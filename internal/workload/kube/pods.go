@@ -144,9 +144,9 @@ func (p *Pods) put(obj any) {
 	}
 	w := workload.Workload{
 		PodUID: uid, Namespace: pod.Namespace, Name: pod.Name,
-		Priority: p.Registry.Classify(workload.PodKey(uid), pod.Labels),
-		TaskID:   pod.Labels[workload.LabelTaskID],
+		TaskID: pod.Labels[workload.LabelTaskID],
 	}
+	w.Priority, w.Agent = p.Registry.ClassifyPod(uid, pod.Namespace, pod.Labels)
 	if w.TaskID == "" {
 		w.TaskID = pod.Namespace + "/" + pod.Name
 	}

@@ -507,3 +507,28 @@ func TestPodsContainerName(t *testing.T) {
 		t.Errorf("the replaced container id still names %q", got)
 	}
 }
+
+// The GPU Operator's pods (an agent namespace and an agent label) are
+// agents, never given to the gate; the same label in a tenant's namespace,
+// or an agent namespace's pod with its own priority label, is not.
+func TestPodsAgents(t *testing.T) {
+	objs := []runtime.Object{
+		newPod("gpu-operator", "nvidia-dcgm-exporter-x", uid(1), thisNode, map[string]string{"app": "nvidia-dcgm-exporter"}),
+		newPod("team-a", "fake-dcgm", uid(2), thisNode, map[string]string{"app": "nvidia-dcgm-exporter"}),
+		newPod("gpu-operator", "labelled", uid(3), thisNode, map[string]string{"app": "nvidia-x", workload.LabelPriority: "low"}),
+	}
+	reg := &workload.Registry{Default: occupancy.High, Agents: workload.Agents{
+		Namespaces: []string{"gpu-operator"}, Labels: []string{"app=nvidia-*"}}}
+	p := &Pods{Client: newNodeClient(t, objs...), Node: thisNode, Registry: reg, CgroupRoot: t.TempDir()}
+	runPods(t, p)
+	testutil.Eventually(t, 5*time.Second, "3 pods registered", func() bool { return len(reg.Workloads()) >= 3 })
+	for id, want := range map[string]struct {
+		agent bool
+		class occupancy.Priority
+	}{uid(1): {true, occupancy.Unmanaged}, uid(2): {false, occupancy.High}, uid(3): {false, occupancy.Low}} {
+		w, ok := podWorkload(reg, id)
+		if !ok || w.Agent != want.agent || w.Priority != want.class {
+			t.Errorf("pod %s: %+v, want agent %v class %s", id, w, want.agent, want.class)
+		}
+	}
+}

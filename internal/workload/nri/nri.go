@@ -202,9 +202,9 @@ func (p *Plugin) put(pod *api.PodSandbox) {
 	labels := pod.GetLabels()
 	w := workload.Workload{
 		PodUID: uid, Namespace: pod.GetNamespace(), Name: pod.GetName(),
-		Priority: p.Registry.Classify(workload.PodKey(uid), labels),
-		TaskID:   labels[workload.LabelTaskID],
+		TaskID: labels[workload.LabelTaskID],
 	}
+	w.Priority, w.Agent = p.Registry.ClassifyPod(uid, w.Namespace, labels)
 	if w.TaskID == "" {
 		w.TaskID = w.Namespace + "/" + w.Name
 	}

@@ -1,0 +1,188 @@
+package workload
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/gpud/gpud/internal/config"
+	"github.com/gpud/gpud/internal/occupancy"
+)
+
+func defaultAgents() Agents {
+	d := config.Defaults()
+	return Agents{Comms: d.AgentComms, Namespaces: d.AgentNamespaces, Labels: d.AgentLabels}
+}
+
+const (
+	ctrLow     = "c0ffee0000000000000000000000000000000000000000000000000000000001"
+	ctrPlain   = "c0ffee0000000000000000000000000000000000000000000000000000000002"
+	ctrUnknown = "c0ffee0000000000000000000000000000000000000000000000000000000003"
+	podTenant  = "11111111-1111-1111-1111-111111111111"
+	podDCGM    = "22222222-2222-2222-2222-222222222222"
+	podGFD     = "33333333-3333-3333-3333-333333333333"
+	podSpoof   = "44444444-4444-4444-4444-444444444444"
+	podLabel   = "55555555-5555-5555-5555-555555555555"
+	podUnknown = "66666666-6666-6666-6666-666666666666"
+)
+
+// agentRegistry is a node with a default of low: a labelled low container,
+// an unlabelled one, a tenant's unlabelled pod, the GPU Operator's DCGM
+// exporter pod (agent label) and GFD pod (no agent label), a tenant's pod
+// carrying the agent label outside the agent namespaces, and a pod of the
+// agent namespace labelled gpud.io/priority=low.
+func agentRegistry(t *testing.T) *Registry {
+	t.Helper()
+	r := &Registry{Default: occupancy.Low, Agents: defaultAgents()}
+	if err := r.Agents.Check(); err != nil {
+		t.Fatalf("defaults: %v", err)
+	}
+	r.Put(Workload{ContainerID: ctrLow, Priority: r.Classify(ctrLow, map[string]string{LabelPriority: "low"}), CgroupID: 10})
+	r.Put(Workload{ContainerID: ctrPlain, Priority: r.Classify(ctrPlain, nil), CgroupID: 11})
+	pod := func(uid, ns string, cg uint64, labels map[string]string) {
+		w := Workload{PodUID: uid, Namespace: ns, Name: uid[:4], CgroupID: cg}
+		w.Priority, w.Agent = r.ClassifyPod(uid, ns, labels)
+		r.Put(w)
+	}
+	pod(podTenant, "team-a", 20, nil)
+	pod(podDCGM, "gpu-operator", 21, map[string]string{"app": "nvidia-dcgm-exporter"})
+	pod(podGFD, "gpu-operator", 22, map[string]string{"app.kubernetes.io/name": "gfd-custom"})
+	pod(podSpoof, "team-a", 23, map[string]string{"app": "nvidia-dcgm-exporter"})
+	pod(podLabel, "nvidia-gpu-operator", 24, map[string]string{"app": "nvidia-device-plugin", LabelPriority: "low"})
+	return r
+}
+
+func TestAgentPods(t *testing.T) {
+	r := agentRegistry(t)
+	for _, tc := range []struct {
+		uid   string
+		agent bool
+		class occupancy.Priority
+	}{
+		{podDCGM, true, occupancy.Unmanaged},
+		{podGFD, false, occupancy.Low},    // an agent namespace, but no agent label: the default
+		{podSpoof, false, occupancy.Low},  // the agent label outside the agent namespaces counts for nothing
+		{podLabel, false, occupancy.Low},  // its own gpud.io/priority label wins
+		{podTenant, false, occupancy.Low}, // an ordinary pod
+	} {
+		info := occupancy.ProcInfo{PID: 100, Comm: "python", PodUID: tc.uid}
+		r.ClassifyProc(&info)
+		if info.Agent != tc.agent || info.Priority != tc.class {
+			t.Errorf("pod %s: agent %v class %s, want %v %s", tc.uid[:4], info.Agent, info.Priority, tc.agent, tc.class)
+		}
+	}
+	// An agent pod's cgroup is never given to the gate: its opens are
+	// always allowed, whatever the default.
+	var told []occupancy.Priority
+	r.OnChange = func(cg uint64, p occupancy.Priority) {
+		if cg == 21 {
+			told = append(told, p)
+		}
+	}
+	w, _ := r.Lookup(occupancy.ProcInfo{PodUID: podDCGM})
+	r.Put(w)
+	if len(told) != 1 || told[0] != "" {
+		t.Errorf("the gate was told %q for the agent pod, want only \"\" (not classified)", told)
+	}
+	// A reload's new default does not turn an agent pod into a workload.
+	r.SetDefault(occupancy.High)
+	if w, _ := r.Lookup(occupancy.ProcInfo{PodUID: podDCGM}); !w.Agent || w.Priority != occupancy.Unmanaged {
+		t.Errorf("after SetDefault(high) the agent pod is %+v", w)
+	}
+	if _, _, class, reason := r.Explain(occupancy.ProcInfo{PodUID: podDCGM}); reason != ReasonAgent || class != occupancy.Unmanaged {
+		t.Errorf("Explain: %s %s, want unmanaged agent", class, reason)
+	}
+}
+
+// A comm name is anybody's to set (prctl PR_SET_NAME): only a root process
+// outside every labelled or lent workload, and in a pod only one of an
+// agent namespace, becomes an agent by it.
+func TestAgentByCommTrust(t *testing.T) {
+	r := agentRegistry(t)
+	for _, tc := range []struct {
+		what  string
+		info  occupancy.ProcInfo
+		agent bool
+		class occupancy.Priority
+	}{
+		{"root host process", occupancy.ProcInfo{Comm: "nvidia-persiste", Root: true}, true, occupancy.Unmanaged},
+		{"root nvidia-smi on the host", occupancy.ProcInfo{Comm: "nvidia-smi", Root: true}, true, occupancy.Unmanaged},
+		{"root in an unlabelled container", occupancy.ProcInfo{Comm: "dcgm-exporter", Root: true, ContainerID: ctrPlain}, true, occupancy.Unmanaged},
+		{"root in a container gpud does not know", occupancy.ProcInfo{Comm: "nv-hostengine", Root: true, ContainerID: ctrUnknown}, true, occupancy.Unmanaged},
+		{"root in an agent namespace's unlabelled pod", occupancy.ProcInfo{Comm: "gpu-feature-dis", Root: true, PodUID: podGFD}, true, occupancy.Unmanaged},
+
+		{"non-root spoofer on the host", occupancy.ProcInfo{Comm: "nvidia-persiste", Root: false}, false, occupancy.Unmanaged},
+		{"non-root spoofer in an unlabelled container", occupancy.ProcInfo{Comm: "nvidia-persiste", ContainerID: ctrPlain}, false, occupancy.Low},
+		{"root spoofer in a low-labelled container", occupancy.ProcInfo{Comm: "nvidia-persiste", Root: true, ContainerID: ctrLow}, false, occupancy.Low},
+		{"root spoofer in a tenant's pod", occupancy.ProcInfo{Comm: "nvidia-persiste", Root: true, PodUID: podTenant}, false, occupancy.Low},
+		{"root spoofer in a pod with the agent label outside the namespaces", occupancy.ProcInfo{Comm: "nvidia-persiste", Root: true, PodUID: podSpoof}, false, occupancy.Low},
+		{"root spoofer in an agent namespace's low-labelled pod", occupancy.ProcInfo{Comm: "nvidia-device-p", Root: true, PodUID: podLabel}, false, occupancy.Low},
+		{"root spoofer in a pod gpud does not know yet", occupancy.ProcInfo{Comm: "nvidia-persiste", Root: true, PodUID: podUnknown}, false, occupancy.Low},
+		{"root, a name that is not an agent's", occupancy.ProcInfo{Comm: "python", Root: true, ContainerID: ctrPlain}, false, occupancy.Low},
+		{"root, the untruncated name (no comm is that long)", occupancy.ProcInfo{Comm: "nvidia-persistenced", Root: true}, false, occupancy.Unmanaged},
+	} {
+		info := tc.info
+		info.PID = 1234
+		r.ClassifyProc(&info)
+		if info.Agent != tc.agent || info.Priority != tc.class {
+			t.Errorf("%s: agent %v class %s, want %v %s", tc.what, info.Agent, info.Priority, tc.agent, tc.class)
+		}
+		if got := r.AgentProc(tc.info); got != tc.agent {
+			t.Errorf("%s: AgentProc %v, want %v", tc.what, got, tc.agent)
+		}
+	}
+
+	// Lending's roles are holders by definition: a lent pod's root process
+	// named like an agent stays its class.
+	r.Override(podGFD, occupancy.Low)
+	info := occupancy.ProcInfo{PID: 7, Comm: "gpu-feature-dis", Root: true, PodUID: podGFD}
+	r.ClassifyProc(&info)
+	if info.Agent || info.Priority != occupancy.Low {
+		t.Errorf("borrower pod's process: agent %v class %s, want a low holder", info.Agent, info.Priority)
+	}
+	r.Override(podGFD, "")
+
+	// No agents configured: nothing is one.
+	none := &Registry{Default: occupancy.Low}
+	info = occupancy.ProcInfo{PID: 8, Comm: "nvidia-persiste", Root: true}
+	none.ClassifyProc(&info)
+	if info.Agent {
+		t.Error("an agent with no agents configured")
+	}
+}
+
+func TestAgentChecks(t *testing.T) {
+	for _, c := range []string{"nvidia-persiste", "nvc:[driver]", "gpud"} {
+		if err := CheckComm(c); err != nil {
+			t.Errorf("CheckComm(%q): %v", c, err)
+		}
+	}
+	for _, c := range []string{"", "nvidia-persistenced"} {
+		if err := CheckComm(c); !errors.Is(err, ErrBadAgent) {
+			t.Errorf("CheckComm(%q) = %v, want ErrBadAgent", c, err)
+		}
+	}
+	for _, l := range []string{"app=nvidia-*", "app=", "k8s-app=x?y"} {
+		if err := CheckLabel(l); err != nil {
+			t.Errorf("CheckLabel(%q): %v", l, err)
+		}
+	}
+	for _, l := range []string{"app", "=x", "app=[", ""} {
+		if err := CheckLabel(l); !errors.Is(err, ErrBadAgent) {
+			t.Errorf("CheckLabel(%q) = %v, want ErrBadAgent", l, err)
+		}
+	}
+	for _, n := range []string{"", "GPU", "-a", "a_b", string(make([]byte, 64))} {
+		if err := CheckNamespace(n); !errors.Is(err, ErrBadAgent) {
+			t.Errorf("CheckNamespace(%q) = %v, want ErrBadAgent", n, err)
+		}
+	}
+	a := Agents{Labels: []string{"app=nvidia-*"}, Namespaces: []string{"gpu-operator"}}
+	if !a.Pod("gpu-operator", map[string]string{"app": "nvidia-mig-manager"}) ||
+		a.Pod("gpu-operator", map[string]string{"app": "gpu-feature-discovery"}) ||
+		a.Pod("default", map[string]string{"app": "nvidia-mig-manager"}) || a.Pod("", nil) {
+		t.Error("Agents.Pod matches wrongly")
+	}
+	if !(Agents{Namespaces: []string{"gpu-operator"}}).Pod("gpu-operator", nil) {
+		t.Error("no labels: every pod of an agent namespace is an agent")
+	}
+}
