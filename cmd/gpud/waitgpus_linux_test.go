@@ -38,11 +38,12 @@ func waitingGpud(t *testing.T, devDir, stateFile string) (*exec.Cmd, *testutil.B
 		t.Fatal(err)
 	}
 	exited := make(chan error, 1)
-	go func() { exited <- d.Wait() }()
+	done := make(chan struct{})
+	go func() { exited <- d.Wait(); close(done) }()
 	t.Cleanup(func() {
 		d.Process.Signal(syscall.SIGTERM)
 		select {
-		case <-exited:
+		case <-done:
 		case <-time.After(10 * time.Second):
 			d.Process.Kill()
 		}
