@@ -160,8 +160,8 @@ func (c Cleanup) patch() ([]byte, error) {
 						"hostPath": map[string]any{"path": "/", "type": "Directory"},
 					}},
 					"containers": []map[string]any{{
-						"name":          Container,
-						"args":          c.Args,
+						"name": Container,
+						"args": c.Args,
 						"volumeMounts": []map[string]any{{
 							"name": HostRootVolume, "mountPath": HostRootMount,
 						}},
