@@ -470,25 +470,18 @@ func (l *Ledger) Snapshot(now time.Time) Snapshot {
 
 // Holders returns the processes holding gpu, agents left out: what is
 // asked of holders (victims, owners, borrowers) never applies to an agent.
-func (l *Ledger) Holders(gpu int) []ProcInfo {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []ProcInfo
-	for _, p := range l.procs {
-		if p.holds[gpu] != nil && !p.info.Agent {
-			out = append(out, p.info)
-		}
-	}
-	return out
-}
+func (l *Ledger) Holders(gpu int) []ProcInfo { return l.holding(gpu, false) }
 
 // Agents returns the system agents holding gpu.
-func (l *Ledger) Agents(gpu int) []ProcInfo {
+func (l *Ledger) Agents(gpu int) []ProcInfo { return l.holding(gpu, true) }
+
+// holding returns the agents (agents true) or the other holders of gpu.
+func (l *Ledger) holding(gpu int, agents bool) []ProcInfo {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var out []ProcInfo
 	for _, p := range l.procs {
-		if p.holds[gpu] != nil && p.info.Agent {
+		if p.holds[gpu] != nil && p.info.Agent == agents {
 			out = append(out, p.info)
 		}
 	}
