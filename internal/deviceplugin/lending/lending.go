@@ -435,8 +435,13 @@ func (l *Lender) ref(p deviceplugin.PodDevices) podRef {
 }
 
 // gpuOfOwnerDevice maps another plugin's device ID to a GPU: NVIDIA's
-// plugin uses GPU UUIDs; an index or "nvidiaN" is accepted too.
+// plugin uses GPU UUIDs, and with time-slicing or MPS sharing replica IDs
+// "UUID::n" (every replica is that GPU); an index or "nvidiaN" is
+// accepted too.
 func (l *Lender) gpuOfOwnerDevice(id string) (int, bool) {
+	if uuid, replica, ok := strings.Cut(id, "::"); ok && uuid != "" && replica != "" {
+		id = uuid
+	}
 	for _, g := range l.cfg.GPUs {
 		if (g.UUID != "" && id == g.UUID) || id == strconv.Itoa(g.Index) || id == "nvidia"+strconv.Itoa(g.Index) || id == deviceID(g) {
 			return g.Index, true

@@ -358,3 +358,22 @@ func TestAgentsDoNotBlockLending(t *testing.T) {
 		t.Errorf("owner %q, want default/owner (never an agent)", r.Envs["GPUD_OWNER"])
 	}
 }
+
+// Owners' device IDs as NVIDIA's device plugin names them: the GPU's UUID,
+// a replica of it under time-slicing or MPS ("UUID::n"), and the index
+// forms; anything else names no GPU.
+func TestOwnerDeviceIDs(t *testing.T) {
+	f := newFixture(t)
+	for id, want := range map[string]int{
+		"GPU-aaa": 0, "GPU-bbb": 1, "GPU-bbb::0": 1, "GPU-aaa::7": 0, "1": 1, "nvidia0": 0,
+		"GPU-ccc": -1, "GPU-ccc::1": -1, "GPU-aaa::": -1, "::1": -1, "GPU-aa": -1, "": -1,
+	} {
+		got, ok := f.l.gpuOfOwnerDevice(id)
+		if !ok {
+			got = -1
+		}
+		if got != want {
+			t.Errorf("%q: GPU %d, want %d", id, got, want)
+		}
+	}
+}
