@@ -114,15 +114,7 @@ func TestBinaryWaitsForGPUs(t *testing.T) {
 	if !strings.Contains(logs.String(), "the GPU device nodes changed") {
 		t.Error("no log line for the changed GPU set")
 	}
-	d.Process.Signal(syscall.SIGTERM)
-	select {
-	case err := <-exited:
-		if err != nil {
-			t.Errorf("exit after SIGTERM: %v", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("gpud did not stop within 10 s of SIGTERM")
-	}
+	stopGpud(t, d, exited, 10*time.Second, "after the GPU set changed")
 }
 
 // SIGTERM while waiting for GPUs: a clean exit, at once.
@@ -130,16 +122,22 @@ func TestBinaryStopWhileWaitingForGPUs(t *testing.T) {
 	testutil.RequireRoot(t)
 	d, logs, base, exited := waitingGpud(t, t.TempDir(), filepath.Join(t.TempDir(), "state.json"))
 	testutil.Eventually(t, 10*time.Second, "/healthz answering while waiting", func() bool { return httpCode(base+"/healthz") == 200 })
+	stopGpud(t, d, exited, 5*time.Second, "while waiting")
+	if !strings.Contains(logs.String(), "stopped while waiting for GPU device nodes") {
+		t.Errorf("no stop line in the log")
+	}
+}
+
+// stopGpud sends SIGTERM and wants a clean exit within limit.
+func stopGpud(t *testing.T, d *exec.Cmd, exited <-chan error, limit time.Duration, when string) {
+	t.Helper()
 	d.Process.Signal(syscall.SIGTERM)
 	select {
 	case err := <-exited:
 		if err != nil {
-			t.Errorf("exit while waiting: %v, want 0", err)
+			t.Errorf("exit after SIGTERM %s: %v, want 0", when, err)
 		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("gpud did not stop within 5 s of SIGTERM while waiting")
-	}
-	if !strings.Contains(logs.String(), "stopped while waiting for GPU device nodes") {
-		t.Errorf("no stop line in the log")
+	case <-time.After(limit):
+		t.Fatalf("gpud did not stop within %s of SIGTERM %s", limit, when)
 	}
 }
