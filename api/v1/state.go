@@ -43,6 +43,46 @@ type StateFile struct {
 	Preemptions []RawPreemption `json:"preemptions"`
 	// Health reports failed writes (a full disk); absent while none failed.
 	Health *Health `json:"health,omitempty"`
+	// ActivitySource says what tells gpud a GPU is in use: "nvml" (its
+	// per-process utilization samples; a holder's first open starts its
+	// use) or "opens" (every open, without NVML). Absent in files of gpuds
+	// before it.
+	ActivitySource string `json:"activity_source,omitempty"`
+	// NVML says which library gpud loaded, or why none; absent in files
+	// of gpuds before it.
+	NVML *StateNVML `json:"nvml,omitempty"`
+	// LeftAlone are GPUs gpud found and does not manage (MIG enabled):
+	// neither judged by the gate nor lent. Absent when none.
+	LeftAlone []StateLeftAlone `json:"left_alone,omitempty"`
+}
+
+// StateNVML is where NVML came from.
+type StateNVML struct {
+	Library       string `json:"library,omitempty"`
+	DriverVersion string `json:"driver_version,omitempty"`
+	Error         string `json:"error,omitempty"` // why NVML is not used
+}
+
+// StateLeftAlone is a GPU gpud does not manage, and why.
+type StateLeftAlone struct {
+	Device string `json:"device"`
+	UUID   string `json:"uuid,omitempty"`
+	Reason string `json:"reason"`
+}
+
+// StateMemory is a GPU's memory, from NVML.
+type StateMemory struct {
+	TotalBytes uint64 `json:"total_bytes"`
+	UsedBytes  uint64 `json:"used_bytes"`
+	FreeBytes  uint64 `json:"free_bytes"`
+}
+
+// StateGPUHealth is what NVML's events said of a GPU.
+type StateGPUHealth struct {
+	Healthy bool       `json:"healthy"`
+	Reason  string     `json:"reason,omitempty"` // the first critical event, e.g. "XID 79"
+	Since   *time.Time `json:"since,omitempty"`
+	Events  uint64     `json:"events"` // XID and ECC events seen since gpud started
 }
 
 // StateGPU is one GPU in the state file.
@@ -68,6 +108,15 @@ type StateGPU struct {
 	// off, and for a GPU the gate cannot protect. Absent in files of
 	// gpuds before it.
 	Enforced *bool `json:"enforced,omitempty"`
+	// Memory is the GPU's memory (NVML); absent without NVML.
+	Memory *StateMemory `json:"memory,omitempty"`
+	// Health is absent without NVML; an unhealthy GPU is not lent.
+	Health *StateGPUHealth `json:"health,omitempty"`
+	// Lendable says, with lending on, whether the GPU may be lent now, and
+	// NotLendable why not (unhealthy, below the free-memory floor, its
+	// holders active, ...). Absent without lending.
+	Lendable    *bool  `json:"lendable,omitempty"`
+	NotLendable string `json:"not_lendable,omitempty"`
 }
 
 // StateHolder is one process holding a GPU.
@@ -90,6 +139,11 @@ type StateHolder struct {
 	// workload, so the gate could not judge that open by class; the rules
 	// judged it when its class became known (see preemptions[]).
 	OpenedBeforeClassified bool `json:"opened_before_classified,omitempty"`
+	// LastActive is the holder's newest use (its first open, then NVML's
+	// samples naming it); MemoryBytes its GPU memory (NVML). Absent when
+	// not known.
+	LastActive  *time.Time `json:"last_active,omitempty"`
+	MemoryBytes *uint64    `json:"memory_bytes,omitempty"`
 }
 
 // RawPreemption is a Preemption as the state file carries it: kept as the

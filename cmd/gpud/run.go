@@ -16,6 +16,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/gpud/gpud/bpf"
 	"github.com/gpud/gpud/internal/config"
@@ -42,6 +43,7 @@ type runOptions struct {
 	logLevel   string
 	level      slog.Level
 	nvml       string
+	lendMinMem string
 	defPrio    string
 	monitoring bool
 	configFile string
@@ -67,7 +69,9 @@ func runFlags() (*pflag.FlagSet, *runOptions) {
 	fs.DurationVar(&cfg.ResyncInterval, "resync-interval", def.ResyncInterval, "safety-net reconciliation from /proc (0 disables)")
 	fs.StringVar(&cfg.NodeName, "node-name", defaultNode(), "node name in the state file (default $NODE_NAME or the hostname)")
 	fs.StringVar(&cfg.CgroupRoot, "cgroup-root", "", "cgroup v2 mount point (default: detected)")
-	fs.Var(config.NewEnum(&o.nvml, "auto", "auto", "off"), "nvml", "use NVML for UUIDs and utilization: `auto|off`")
+	fs.Var(config.NewEnum(&o.nvml, "auto", "auto", "off"), "nvml", "use NVML for UUIDs, utilization, memory, MIG and health: `auto|off`")
+	fs.StringVar(&cfg.NVMLLibrary, "nvml-library", def.NVMLLibrary, "libnvidia-ml's path under --driver-root, e.g. /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1; only a file root owns and only root can change is loaded (empty: the dynamic loader's search)")
+	fs.StringVar(&cfg.DriverRoot, "driver-root", def.DriverRoot, "where the NVIDIA driver's files are as gpud sees them: / on a host, the host's driver root mounted into gpud's pod (e.g. /driver-root)")
 	fs.Var(config.NewEnum(&o.logLevel, "info", "debug", "info", "warn", "error"), "log-level", "log level: `debug|info|warn|error` (reloadable)")
 	fs.BoolVar(&o.monitoring, "monitoring", true, "the monitoring switch at start; unset, the last run's (or gpud monitor's) setting stays (reloadable)")
 	fs.BoolVar(&cfg.Enforce, "enforce", def.Enforce, "enforce the priority rules in the kernel gate (false: observe only)")
@@ -90,6 +94,7 @@ func runFlags() (*pflag.FlagSet, *runOptions) {
 	fs.StringVar(&cfg.PodResourcesSocket, "pod-resources-socket", def.PodResourcesSocket, "kubelet's PodResources socket")
 	fs.StringVar(&cfg.HostDevDir, "host-dev-dir", "", "--dev-dir as the host sees it, for lent device nodes when gpud runs in a pod (default: the same)")
 	fs.BoolVar(&cfg.LendFree, "lend-free", false, "also lend GPUs nobody holds (not only idle ones)")
+	fs.StringVar(&o.lendMinMem, "lend-min-free-memory", resource.NewQuantity(int64(def.LendMinFreeMemory), resource.BinarySI).String(), "lend a GPU only with at least this much free memory, from NVML, e.g. 4Gi (0: any)")
 	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", def.MetricsAddr, "Prometheus /metrics, /healthz and /readyz listen address (empty disables)")
 	fs.StringVar(&cfg.MetricsWebConfig, "metrics-web-config", def.MetricsWebConfig, "TLS and basic auth for the metrics port: a Prometheus exporter-toolkit web config file, root's, that only root can change (empty: plain HTTP)")
 	fs.StringVar(&cfg.HealthAddr, "health-addr", def.HealthAddr, "also serve /healthz and /readyz alone, plain HTTP, on this address, e.g. 127.0.0.1:9408 for kubelet's probes when the metrics port wants credentials (empty: metrics port only)")
@@ -132,6 +137,11 @@ func loadRun(args []string, src config.Sources) (*runOptions, *config.Settings, 
 		return nil, nil, bad("log-level", "%v", err)
 	}
 	cfg.UseNVML = o.nvml == "auto"
+	q, err := resource.ParseQuantity(o.lendMinMem)
+	if err != nil || q.Sign() < 0 {
+		return nil, nil, bad("lend-min-free-memory", "want a size such as 4Gi or 512Mi, got %q", o.lendMinMem)
+	}
+	cfg.LendMinFreeMemory = uint64(q.Value())
 	cfg.DefaultPriority = occupancy.Priority(o.defPrio)
 	for name, v := range map[string]time.Duration{"fail-open-after": cfg.FailOpenAfter, "reservation-ttl": cfg.ReservationTTL, "idle-after": cfg.IdleAfter} {
 		if v <= 0 {

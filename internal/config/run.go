@@ -22,7 +22,13 @@ type Run struct {
 	CgroupRoot     string // "" detects
 	ProcRoot       string
 	UseNVML        bool
-	RingBytes      uint32 // kernel → user ring buffer size
+	// NVMLLibrary is libnvidia-ml's path under DriverRoot; "" lets the
+	// dynamic loader search for libnvidia-ml.so.1 (a host install).
+	NVMLLibrary string
+	// DriverRoot is where the driver's files are as gpud sees them: "/" on
+	// a host, the host's driver root mounted into gpud's pod otherwise.
+	DriverRoot string
+	RingBytes  uint32 // kernel → user ring buffer size
 
 	// The gate and preemption.
 	Enforce         bool
@@ -61,6 +67,9 @@ type Run struct {
 	KubeletDir         string
 	PodResourcesSocket string
 	LendFree           bool
+	// LendMinFreeMemory: a GPU is lent only with at least this much free
+	// memory (bytes, from NVML; not applied where NVML does not say).
+	LendMinFreeMemory uint64
 	HostDevDir         string // --dev-dir as the host sees it (gpud in a pod); "" = the same
 
 	// MetricsAddr serves /metrics, /healthz and /readyz; "" disables.
@@ -98,6 +107,7 @@ func Defaults() Run {
 		ResyncInterval:     time.Minute,
 		ProcRoot:           "/proc",
 		UseNVML:            true,
+		DriverRoot:         "/",
 		RingBytes:          1 << 20, // 16 384 events of 64 bytes; counted twice in RSS (mapped twice)
 		Enforce:            true,
 		FailOpenAfter:      30 * time.Second,
@@ -109,6 +119,7 @@ func Defaults() Run {
 		OwnerResource:      "nvidia.com/gpu",
 		KubeletDir:         "/var/lib/kubelet/device-plugins",
 		PodResourcesSocket: "/var/lib/kubelet/pod-resources/kubelet.sock",
+		LendMinFreeMemory:  1 << 30,
 		NRISocket:          "/var/run/nri/nri.sock",
 		AgentComms: []string{
 			"nvidia-persiste", // nvidia-persistenced (a comm keeps 15 bytes)
@@ -152,6 +163,7 @@ func (r Run) Complete() Run {
 	str(&r.DevDir, d.DevDir)
 	str(&r.StateDir, d.StateDir)
 	str(&r.ProcRoot, d.ProcRoot)
+	str(&r.DriverRoot, d.DriverRoot)
 	str(&r.Reclaim, d.Reclaim)
 	str(&r.ResourceName, d.ResourceName)
 	str(&r.OwnerResource, d.OwnerResource)

@@ -9,7 +9,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -38,7 +40,8 @@ import (
 type Config struct {
 	config.Run
 	// NVML overrides the driver's library (tests inject nvidia.NVML over
-	// go-nvml's mock); used when set or when UseNVML is.
+	// go-nvml's mock); used when set or when UseNVML is (then the file
+	// NVMLLibrary names).
 	NVML nvidia.Library
 	// HTTPLimits bound the metrics port and the control socket (connection
 	// cap, timeouts); zero fields take httpserve's defaults.
@@ -54,6 +57,10 @@ type Daemon struct {
 	tracker    *occupancy.Tracker
 	writer     *occupancy.Writer
 	nvml       nvidia.Library // nil without NVML
+	nv         nvmlState
+	// computeActivity: NVML sampling works, so activity is compute.
+	computeActivity atomic.Bool
+	migChanged      atomic.Bool
 	monitoring atomic.Bool
 	gpus       []occupancy.GPU
 	ready      atomic.Bool
@@ -106,11 +113,10 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	if err := cfg.CheckDirs(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	d := &Daemon{cfg: cfg, log: log, gpus: gpus}
+	d := &Daemon{cfg: cfg, log: log}
 	d.monitoring.Store(occupancy.LastMonitoring(cfg.StateFile, log))
-	if cfg.UseNVML || cfg.NVML != nil {
-		d.nvml = nvidia.Open(cfg.NVML, d.gpus, log)
-	}
+	d.gpus = d.openNVML(gpus)
+	gpus = d.gpus
 
 	root := cfg.CgroupRoot
 	mode := cgroups.Mode("given")
@@ -214,6 +220,7 @@ func (d *Daemon) State() v1.StateFile {
 // rules' switch, the holders' workload names and the loans.
 func (d *Daemon) decorate(f *v1.StateFile) {
 	f.Enforcing = d.enforcing()
+	d.decorateNVML(f)
 	workload.NameHolders(f, d.holderNames)
 	for i := range f.GPUs {
 		e := d.enforced(f.GPUs[i].Index)
@@ -301,6 +308,10 @@ func (d *Daemon) Run(ctx context.Context) error {
 	errc := make(chan error, 1)
 	goRun(func(ctx context.Context) { errc <- d.tracker.Run(ctx, d.mon) })
 	goRun(d.periodic)
+	if d.nvml != nil {
+		goRun(d.watchHealth)
+		defer d.nvml.Shutdown()
+	}
 	changed := make(chan struct{})
 	goRun(func(ctx context.Context) { d.watchGPUs(ctx, changed) })
 	if d.mon.Adopted() {
@@ -345,13 +356,29 @@ func (d *Daemon) watchGPUs(ctx context.Context, changed chan<- struct{}) {
 		if err != nil && !errors.Is(err, nvidia.ErrNoGPUs) {
 			continue
 		}
-		if nvidia.SameNodes(now, d.gpus) {
+		if d.migChanged.Load() {
+			close(changed)
+			return
+		}
+		if nvidia.SameNodes(now, d.allGPUs()) {
 			continue
 		}
 		d.log.Warn("the GPU device nodes changed: starting again on the new set", "gpus_before", len(d.gpus), "gpus_now", len(now))
 		close(changed)
 		return
 	}
+}
+
+// allGPUs is every GPU found at start, those left alone included.
+func (d *Daemon) allGPUs() []occupancy.GPU {
+	if len(d.nv.leftAlone) == 0 {
+		return d.gpus
+	}
+	out := make([]occupancy.GPU, 0, len(d.nv.byIndex))
+	for _, idx := range slices.Sorted(maps.Keys(d.nv.byIndex)) {
+		out = append(out, d.nv.byIndex[idx])
+	}
+	return out
 }
 
 // loans is the lender as the gate sees it; nil without lending.
@@ -378,16 +405,11 @@ func (d *Daemon) periodic(ctx context.Context) {
 				d.log.Error("heartbeat", "error", err)
 			}
 			if d.nvml != nil && d.monitoring.Load() {
-				act, err := d.nvml.Sample()
-				if err != nil && !nvmlFailing {
-					d.log.Warn("NVML sampling failing: activity falls back to GPU opens", "error", err)
-				}
-				nvmlFailing = err != nil
-				for gpu, a := range act {
-					d.ledger.ActivityBy(gpu, a.At, a.PIDs) // agents' use is none
-					if d.lender != nil {
-						d.lender.Activity(gpu, a.PIDs)
-					}
+				ok, mig := d.sampleNVML(nvmlFailing)
+				nvmlFailing = !ok
+				d.computeActivity.Store(ok)
+				if mig {
+					d.migChanged.Store(true)
 				}
 			}
 			d.ledger.Refresh(now)
@@ -474,6 +496,7 @@ func (d *Daemon) setupLending(proc *occupancy.ProcFS) {
 	d.lender = lending.New(lending.Config{
 		Resource: cfg.ResourceName, OwnerResource: cfg.OwnerResource, LendFree: cfg.LendFree,
 		DevDir: cfg.DevDir, HostDevDir: cfg.HostDevDir, CheckpointRoot: cfg.CheckpointRoot, GPUs: d.gpus,
+		MinFreeMemory: cfg.LendMinFreeMemory,
 	}, d.ledger, d.registry, d.gate, lending.Socket(cfg.PodResourcesSocket), d.journal)
 	d.lender.Log, d.lender.ProcInfo = d.log, proc.Info
 	d.lender.Changed = func() {

@@ -74,6 +74,11 @@ func (d *Daemon) metricsSnapshot() metrics.Snapshot {
 	jh := d.journal.Health()
 	s.JournalWriteFailures, s.JournalPending = jh.Failures, jh.Pending
 	s.GPUs, s.Lent = metrics.GPUsOf(f, now, d.holderNames)
+	s.NVML = d.nvml != nil
+	s.LeftAlone = map[string]int{}
+	for _, g := range f.LeftAlone {
+		s.LeftAlone[g.Reason]++
+	}
 	for t := bpf.EventType(1); t < bpf.EventTypes; t++ {
 		s.Events[t.String()] = d.tracker.ByType[t].Load()
 	}

@@ -10,7 +10,9 @@ package metrics
 
 import (
 	"fmt"
+	"maps"
 	"net/http"
+	"slices"
 	"sort"
 	"strconv"
 	"time"
@@ -39,12 +41,18 @@ type GPU struct {
 	IdleSeconds float64
 	Holders     []Holder // one per process holding the GPU
 	Enforced    bool     // the gate applies the priority rules to its opens
+	// From NVML; Memory nil and Healthy nil without it.
+	Memory       *v1.StateMemory
+	Healthy      *bool
+	HealthEvents uint64
+	Lendable     *bool // nil without lending
 }
 
 // Holder is one process holding a GPU, named by its workload.
 type Holder struct {
 	Namespace, Pod, Container string
 	Priority                  string // high | low | unmanaged | unclassified
+	MemoryBytes               *uint64 // its GPU memory (NVML); nil when not known
 }
 
 // Snapshot is everything the gauges and cumulative counters show.
@@ -63,6 +71,10 @@ type Snapshot struct {
 	StateWriteFailures   uint64
 	JournalWriteFailures uint64
 	JournalPending       int // preemption records waiting to be written
+	// NVML is 1 while gpud reads NVML (activity, memory, health); LeftAlone
+	// counts GPUs gpud does not manage, by reason.
+	NVML      bool
+	LeftAlone map[string]int
 }
 
 // Source returns the current snapshot; it is called once per scrape.
@@ -90,6 +102,8 @@ type Metrics struct {
 	lent, malformed, monitoring, enforcing            *prometheus.Desc
 	stateFailures, journalFailures, journalPending    *prometheus.Desc
 	gpuEnforced                                       *prometheus.Desc
+	memTotal, memUsed, workloadMem, healthy, healthEv *prometheus.Desc
+	nvml, leftAlone, lendable                         *prometheus.Desc
 }
 
 func desc(name, help string, labels ...string) *prometheus.Desc {
@@ -135,6 +149,14 @@ func New(version string, src Source) *Metrics {
 		stateFailures:   desc("state_write_failures_total", "State file writes that failed (a full disk, say); each failure is retried on a timer until a write succeeds."),
 		journalFailures: desc("journal_write_failures_total", "Preemption journal writes that failed; a record cut short is truncated away and the record kept and retried until written."),
 		journalPending:  desc("journal_pending_records", "Preemption records waiting to be written to the journal after a failed write."),
+		memTotal:        desc("gpu_memory_total_bytes", "The GPU's memory (NVML).", "gpu", "UUID"),
+		memUsed:         desc("gpu_memory_used_bytes", "The GPU's memory in use (NVML), by every process and the driver.", "gpu", "UUID"),
+		workloadMem:     desc("workload_gpu_memory_bytes", "GPU memory of a workload's processes on the GPU (NVML's process list).", "gpu", "UUID", "namespace", "pod", "container", "priority"),
+		healthy:         desc("gpu_healthy", "1 while no critical NVML event (an XID not of an application's fault, a double-bit ECC error, the GPU fallen off the bus) was seen since gpud started; an unhealthy GPU is not lent.", "gpu", "UUID"),
+		healthEv:        desc("gpu_health_events_total", "XID and ECC events NVML reported for the GPU since gpud started, critical or not.", "gpu", "UUID"),
+		lendable:        desc("gpu_lendable", "1 while the GPU may be lent (idle, healthy, enough free memory); the state file's not_lendable says why not. Only with lending on.", "gpu", "UUID"),
+		nvml:            desc("nvml_available", "1 while gpud reads NVML (activity from compute, memory, MIG, health); 0: activity from GPU opens only."),
+		leftAlone:       desc("gpus_left_alone", "GPUs gpud found and does not manage (neither gate nor lending), by reason.", "reason"),
 		gpuEnforced:     desc("gpu_enforced", "1 while the kernel gate applies the priority rules to the GPU's opens; 0 under --enforce=false, with monitoring off, or when the gate cannot protect this GPU (see gpud's log).", "gpu", "UUID"),
 	}
 	m.reg.MustRegister(m.opens, m.preemptions, m.latency, m.buildInfo, collector{m},
@@ -172,7 +194,8 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	m := c.m
 	for _, d := range []*prometheus.Desc{m.gpuInfo, m.gpuState, m.idle, m.holders, m.workloadHolders,
 		m.events, m.dropped, m.resyncs, m.registered, m.regs, m.lent, m.malformed, m.monitoring, m.enforcing, m.gpuEnforced,
-		m.stateFailures, m.journalFailures, m.journalPending} {
+		m.stateFailures, m.journalFailures, m.journalPending,
+		m.memTotal, m.memUsed, m.workloadMem, m.healthy, m.healthEv, m.nvml, m.leftAlone, m.lendable} {
 		ch <- d
 	}
 }
@@ -201,12 +224,31 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		gauge(m.idle, g.IdleSeconds, idx, g.UUID)
 		gauge(m.gpuEnforced, b2f(g.Enforced), idx, g.UUID)
+		if g.Memory != nil {
+			gauge(m.memTotal, float64(g.Memory.TotalBytes), idx, g.UUID)
+			gauge(m.memUsed, float64(g.Memory.UsedBytes), idx, g.UUID)
+		}
+		if g.Lendable != nil {
+			gauge(m.lendable, b2f(*g.Lendable), idx, g.UUID)
+		}
+		if g.Healthy != nil {
+			gauge(m.healthy, b2f(*g.Healthy), idx, g.UUID)
+			counter(m.healthEv, g.HealthEvents, idx, g.UUID)
+		}
 		byPrio := map[string]int{}
 		type wl struct{ ns, pod, ctr, prio string }
 		byWorkload := map[wl]int{}
+		memByWorkload := map[wl]uint64{}
 		for _, h := range g.Holders {
 			byPrio[h.Priority]++
-			byWorkload[wl{h.Namespace, h.Pod, h.Container, h.Priority}]++
+			w := wl{h.Namespace, h.Pod, h.Container, h.Priority}
+			byWorkload[w]++
+			if h.MemoryBytes != nil {
+				memByWorkload[w] += *h.MemoryBytes
+			}
+		}
+		for w, b := range memByWorkload {
+			gauge(m.workloadMem, float64(b), idx, g.UUID, w.ns, w.pod, w.ctr, w.prio)
 		}
 		for _, p := range Priorities {
 			gauge(m.holders, float64(byPrio[p]), idx, g.UUID, p)
@@ -231,6 +273,10 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	counter(m.stateFailures, s.StateWriteFailures)
 	counter(m.journalFailures, s.JournalWriteFailures)
 	gauge(m.journalPending, float64(s.JournalPending))
+	gauge(m.nvml, b2f(s.NVML))
+	for _, r := range slices.Sorted(maps.Keys(s.LeftAlone)) {
+		gauge(m.leftAlone, float64(s.LeftAlone[r]), r)
+	}
 }
 
 func sortedKeys(m map[string]uint64) []string {
@@ -275,7 +321,12 @@ func healthMux(ready func() bool) *http.ServeMux {
 // the lent GPUs.
 func GPUsOf(f v1.StateFile, now time.Time, names func(v1.StateHolder) (namespace, pod, container string)) (gpus []GPU, lent int) {
 	for _, g := range f.GPUs {
-		mg := GPU{Index: g.Index, UUID: g.UUID, Device: g.Device, State: string(g.State), Enforced: g.Enforced != nil && *g.Enforced}
+		mg := GPU{Index: g.Index, UUID: g.UUID, Device: g.Device, State: string(g.State), Enforced: g.Enforced != nil && *g.Enforced,
+			Memory: g.Memory, Lendable: g.Lendable}
+		if g.Health != nil {
+			h := g.Health.Healthy
+			mg.Healthy, mg.HealthEvents = &h, g.Health.Events
+		}
 		if g.IdleSince != nil {
 			mg.IdleSeconds = now.Sub(*g.IdleSince).Seconds()
 		}
@@ -283,7 +334,7 @@ func GPUsOf(f v1.StateFile, now time.Time, names func(v1.StateHolder) (namespace
 			lent++
 		}
 		for _, h := range g.Holders {
-			mh := Holder{Priority: string(h.Priority)}
+			mh := Holder{Priority: string(h.Priority), MemoryBytes: h.MemoryBytes}
 			mh.Namespace, mh.Pod, mh.Container = names(h)
 			mg.Holders = append(mg.Holders, mh)
 		}

@@ -21,7 +21,9 @@ import (
 func newServer() *dgxa100.Server {
 	s := dgxa100.New()
 	for i, d := range s.Devices {
-		d.(*dgxa100.Device).Minor = len(s.Devices) - 1 - i
+		dd := d.(*dgxa100.Device)
+		dd.Minor = len(s.Devices) - 1 - i
+		dd.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) { return nil, nvml.SUCCESS }
 	}
 	return s
 }
@@ -161,7 +163,7 @@ func TestNVMLSample(t *testing.T) {
 		t.Errorf("Sample err = %v, want ErrNVML for GPU 4", err)
 	}
 	want := map[int]time.Time{0: time.UnixMicro(int64(base + 300)), 1: time.UnixMicro(int64(base + 50))}
-	if len(got) != len(want) {
+	if len(got) != 8 || len(active(got)) != len(want) {
 		t.Errorf("Sample = %v, want %v", got, want)
 	}
 	for idx, w := range want {
@@ -186,7 +188,7 @@ func TestNVMLSample(t *testing.T) {
 	if err != nil {
 		t.Errorf("second Sample err = %v", err)
 	}
-	if len(got) != 1 || !got[4].At.Equal(time.UnixMicro(int64(base+1000))) {
+	if a := active(got); len(a) != 1 || !got[4].At.Equal(time.UnixMicro(int64(base+1000))) {
 		t.Errorf("second Sample = %v, want GPU 4 only", got)
 	}
 	for minor, wantSeen := range map[int]uint64{0: base + 400, 1: base + 50, 2: base + 70, 3: 0, 4: 0, 5: 0, 6: base + 999} {
@@ -203,16 +205,37 @@ func TestNVMLAllFailing(t *testing.T) {
 		t.Fatal(err)
 	}
 	for minor := 0; minor < 8; minor++ {
-		u := &utilization{ret: nvml.ERROR_GPU_IS_LOST}
+		u := &utilization{ret: nvml.ERROR_UNKNOWN}
 		u.install(device(s, minor))
 	}
 	got, err := n.Sample()
-	if len(got) != 0 {
-		t.Errorf("Sample = %v, want nothing", got)
+	if len(active(got)) != 0 {
+		t.Errorf("Sample = %v, want no activity", got)
 	}
 	if !errors.Is(err, ErrNVML) || strings.Count(err.Error(), "utilization of GPU") != 8 {
 		t.Errorf("Sample err = %v, want 8 joined ErrNVML errors", err)
 	}
+
+	// A GPU fallen off the bus is no error to log each second: it is lost.
+	for minor := 0; minor < 8; minor++ {
+		u := &utilization{ret: nvml.ERROR_GPU_IS_LOST}
+		u.install(device(s, minor))
+	}
+	got, err = n.Sample()
+	if err != nil || len(got) != 8 || !got[3].Lost {
+		t.Errorf("lost GPUs: %v, %v; want every GPU lost, no error", got, err)
+	}
+}
+
+// active keeps the readings with use.
+func active(rs map[int]Reading) map[int]Reading {
+	out := map[int]Reading{}
+	for i, r := range rs {
+		if !r.At.IsZero() {
+			out[i] = r
+		}
+	}
+	return out
 }
 
 func TestNVMLShutdown(t *testing.T) {
@@ -247,8 +270,8 @@ func TestNVMLSampleOnlyAnnotatedDevices(t *testing.T) {
 		u.install(device(s, minor))
 	}
 	got, err := n.Sample()
-	if err != nil || len(got) != 0 {
-		t.Fatalf("Sample = %v, %v; want nothing (minor 0 is not one of our GPUs)", got, err)
+	if _, ok := got[0]; err != nil || len(got) != 1 || !ok || len(active(got)) != 0 {
+		t.Fatalf("Sample = %v, %v; want GPU 0 only, idle (minor 0 is not one of our GPUs)", got, err)
 	}
 }
 

@@ -75,6 +75,10 @@ type ProcFDs struct {
 type hold struct {
 	fds      map[int32]struct{}
 	openedAt time.Time
+	// lastActive is this holder's newest use: its first open, then NVML
+	// samples naming it (and, without NVML, its opens).
+	lastActive time.Time
+	memory     *uint64 // its GPU memory (NVML); nil when not known
 }
 
 type proc struct {
@@ -89,6 +93,31 @@ type gpuEntry struct {
 	GPU
 	lastActive time.Time
 	state      State // as last published
+	memory     *Memory
+	health     GPUHealth
+}
+
+// Memory is a GPU's memory in bytes, as NVML reports it.
+type Memory struct {
+	Total, Used uint64
+}
+
+// Free is the memory not in use.
+func (m Memory) Free() uint64 {
+	if m.Used >= m.Total {
+		return 0
+	}
+	return m.Total - m.Used
+}
+
+// GPUHealth says whether a GPU can be trusted with work: an XID that is not
+// an application's fault, a double-bit ECC error or a GPU fallen off the
+// bus makes it unhealthy until gpud restarts (as NVIDIA's device plugin).
+type GPUHealth struct {
+	Unhealthy bool
+	Reason    string    // the first cause, e.g. "XID 79"
+	Since     time.Time // when it was seen
+	Events    uint64    // health events seen (XID, ECC), critical or not
 }
 
 // Ledger is the GPU → holders record. It is safe for concurrent use; every
@@ -96,6 +125,9 @@ type gpuEntry struct {
 type Ledger struct {
 	mu        sync.Mutex
 	idleAfter time.Duration
+	// computeActivity: NVML's samples say when a GPU is used; a holder's
+	// opens after its first are not use (without NVML they are).
+	computeActivity bool
 	gpus      map[int]*gpuEntry
 	procs     map[int]*proc
 	version   uint64
@@ -177,9 +209,17 @@ func (l *Ledger) AddFD(info ProcInfo, gpu int, fd int32, at time.Time) {
 		_, known := h.fds[fd]
 		h.fds[fd] = struct{}{}
 		// An agent's open is no use of the GPU: GPU Feature Discovery
-		// opens every GPU each minute, and would keep every GPU busy.
-		if !p.info.Agent && at.After(g.lastActive) {
-			g.lastActive = at
+		// opens every GPU each minute, and would keep every GPU busy. With
+		// NVML, only a holder's first open is (its start); its use is
+		// what NVML samples say.
+		first := len(h.fds) == 1 && !known
+		if !p.info.Agent && (first || !l.computeActivity) {
+			if at.After(h.lastActive) {
+				h.lastActive = at
+			}
+			if at.After(g.lastActive) {
+				g.lastActive = at
+			}
 		}
 		return l.publishLocked(at) || !known
 	})
@@ -257,9 +297,10 @@ func (l *Ledger) setProcessLocked(pf ProcFDs, at time.Time) bool {
 		if !ok || len(fds) == 0 {
 			continue
 		}
-		h := &hold{fds: map[int32]struct{}{}, openedAt: at}
+		h := &hold{fds: map[int32]struct{}{}, openedAt: at, lastActive: at}
 		if old != nil && old.holds[gpu] != nil {
-			h.openedAt = old.holds[gpu].openedAt
+			o := old.holds[gpu]
+			h.openedAt, h.lastActive, h.memory = o.openedAt, o.lastActive, o.memory
 		} else if !pf.Info.Agent && !l.heldLocked(gpu) && at.After(g.lastActive) {
 			// A holder appears on a GPU nobody held: count it as active now,
 			// since nothing is known of its past (a GPU used long ago must
@@ -355,12 +396,87 @@ func (l *Ledger) ActivityBy(gpu int, at time.Time, pids []uint32) {
 		if len(pids) > 0 && l.allAgentsLocked(pids) {
 			return false
 		}
+		for _, pid := range pids {
+			if p := l.procs[int(pid)]; p != nil && p.holds[gpu] != nil && at.After(p.holds[gpu].lastActive) {
+				p.holds[gpu].lastActive = at
+			}
+		}
 		g, ok := l.gpus[gpu]
 		if !ok || !at.After(g.lastActive) {
 			return false
 		}
 		g.lastActive = at
 		return l.publishLocked(at)
+	})
+}
+
+// SetComputeActivity says whether NVML's samples are the GPUs' activity
+// (true while sampling works); without them every open is.
+func (l *Ledger) SetComputeActivity(on bool) {
+	l.mu.Lock()
+	l.computeActivity = on
+	l.mu.Unlock()
+}
+
+// memoryStep is the smallest change of a GPU's or a holder's memory that is
+// a change of the ledger (rewrites the state file): a GPU's use moves by
+// kilobytes all the time.
+const memoryStep = 1 << 20
+
+// SetMemory records gpu's memory and its holders' (by PID, from NVML's
+// process list); m nil is memory NVML does not report.
+func (l *Ledger) SetMemory(gpu int, m *Memory, byPID map[uint32]uint64) {
+	l.mutate(func() bool {
+		g, ok := l.gpus[gpu]
+		if !ok {
+			return false
+		}
+		changed := false
+		switch {
+		case m == nil:
+			changed = g.memory != nil
+			g.memory = nil
+		case g.memory == nil || moved(g.memory.Used, m.Used) || g.memory.Total != m.Total:
+			c := *m
+			g.memory, changed = &c, true
+		}
+		for pid, p := range l.procs {
+			h := p.holds[gpu]
+			if h == nil {
+				continue
+			}
+			v, ok := byPID[uint32(pid)]
+			switch {
+			case !ok && h.memory != nil:
+				h.memory, changed = nil, true
+			case ok && (h.memory == nil || moved(*h.memory, v)):
+				h.memory, changed = &v, true
+			}
+		}
+		return changed
+	})
+}
+
+func moved(a, b uint64) bool {
+	if a > b {
+		a, b = b, a
+	}
+	return b-a >= memoryStep
+}
+
+// SetUnhealthy marks gpu unhealthy for reason (the first one stays), and
+// counts the event; critical false only counts it.
+func (l *Ledger) SetUnhealthy(gpu int, reason string, critical bool, at time.Time) {
+	l.mutate(func() bool {
+		g, ok := l.gpus[gpu]
+		if !ok {
+			return false
+		}
+		g.health.Events++
+		if critical && !g.health.Unhealthy {
+			g.health = GPUHealth{Unhealthy: true, Reason: reason, Since: at, Events: g.health.Events}
+		}
+		return true
 	})
 }
 
@@ -418,8 +534,10 @@ func (l *Ledger) stateLocked(idx int, g *gpuEntry, now time.Time) State {
 // HolderView is one holder of one GPU in a snapshot.
 type HolderView struct {
 	ProcInfo
-	FDs      []int32
-	OpenedAt time.Time
+	FDs        []int32
+	OpenedAt   time.Time
+	LastActive time.Time
+	Memory     *uint64 // its GPU memory, bytes (NVML); nil when not known
 	// OpenedUnknown: it opened the GPU before gpud knew its workload.
 	OpenedUnknown bool
 }
@@ -429,6 +547,8 @@ type GPUView struct {
 	GPU
 	State      State
 	LastActive time.Time
+	Memory     *Memory // nil when NVML does not say
+	Health     GPUHealth
 	Holders    []HolderView // by PID
 	Agents     []HolderView // system agents holding it, by PID: not holders
 }
@@ -447,7 +567,11 @@ func (l *Ledger) Snapshot(now time.Time) Snapshot {
 	s := Snapshot{Version: l.version, Taken: now}
 	for _, idx := range slices.Sorted(maps.Keys(l.gpus)) {
 		g := l.gpus[idx]
-		v := GPUView{GPU: g.GPU, State: l.stateLocked(idx, g, now), LastActive: g.lastActive}
+		v := GPUView{GPU: g.GPU, State: l.stateLocked(idx, g, now), LastActive: g.lastActive, Health: g.health}
+		if g.memory != nil {
+			m := *g.memory
+			v.Memory = &m
+		}
 		for _, pid := range slices.Sorted(maps.Keys(l.procs)) {
 			p := l.procs[pid]
 			h := p.holds[idx]
@@ -456,6 +580,11 @@ func (l *Ledger) Snapshot(now time.Time) Snapshot {
 			}
 			hv := HolderView{
 				ProcInfo: p.info, FDs: slices.Sorted(maps.Keys(h.fds)), OpenedAt: h.openedAt, OpenedUnknown: p.openedUnknown,
+				LastActive: h.lastActive,
+			}
+			if h.memory != nil {
+				m := *h.memory
+				hv.Memory = &m
 			}
 			if p.info.Agent {
 				v.Agents = append(v.Agents, hv)

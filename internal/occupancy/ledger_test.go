@@ -609,3 +609,51 @@ func TestConcurrent(t *testing.T) {
 		t.Errorf("version %d, want at least %d", l.Version(), min)
 	}
 }
+
+// With NVML's samples as activity, a holder's first open starts its use,
+// its later opens do not; samples naming it do, and are its last activity.
+// Without them, every open is activity.
+func TestComputeActivity(t *testing.T) {
+	t0 := time.Now().Add(-10 * time.Minute)
+	l := NewLedger([]GPU{{Index: 0}}, time.Minute)
+	l.SetComputeActivity(true)
+	p := ProcInfo{PID: 7, Priority: Low}
+	l.AddFD(p, 0, 3, t0)
+	l.AddFD(p, 0, 4, t0.Add(5*time.Minute)) // a second open, later
+	s := l.Snapshot(t0.Add(7 * time.Minute))
+	if s.GPUs[0].State != Idle || !s.GPUs[0].Holders[0].LastActive.Equal(t0) {
+		t.Fatalf("after a second open: %s, holder last active %v; want idle since the first open", s.GPUs[0].State, s.GPUs[0].Holders[0].LastActive)
+	}
+	l.ActivityBy(0, t0.Add(6*time.Minute+30*time.Second), []uint32{7})
+	s = l.Snapshot(t0.Add(7 * time.Minute))
+	if s.GPUs[0].State != Busy || !s.GPUs[0].Holders[0].LastActive.Equal(t0.Add(6*time.Minute+30*time.Second)) {
+		t.Fatalf("after a sample: %s, holder last active %v", s.GPUs[0].State, s.GPUs[0].Holders[0].LastActive)
+	}
+	l.SetComputeActivity(false)
+	l.AddFD(p, 0, 5, t0.Add(9*time.Minute))
+	if s = l.Snapshot(t0.Add(9*time.Minute + time.Second)); !s.GPUs[0].Holders[0].LastActive.Equal(t0.Add(9 * time.Minute)) {
+		t.Errorf("without NVML an open is no activity: %v", s.GPUs[0].Holders[0].LastActive)
+	}
+}
+
+// Memory changes below a MiB are no change (no state file rewrite); a
+// holder's memory is known only while NVML lists it.
+func TestSetMemory(t *testing.T) {
+	l := NewLedger([]GPU{{Index: 0}}, time.Minute)
+	l.AddFD(ProcInfo{PID: 7}, 0, 3, time.Now())
+	v := l.Version()
+	l.SetMemory(0, &Memory{Total: 16 << 30, Used: 1 << 30}, map[uint32]uint64{7: 1 << 30})
+	if l.Version() == v {
+		t.Fatal("first memory reading is no change")
+	}
+	v = l.Version()
+	l.SetMemory(0, &Memory{Total: 16 << 30, Used: 1<<30 + 4096}, map[uint32]uint64{7: 1<<30 + 4096})
+	if l.Version() != v {
+		t.Error("a 4 KiB change rewrote the ledger")
+	}
+	l.SetMemory(0, &Memory{Total: 16 << 30, Used: 1 << 30}, nil)
+	s := l.Snapshot(time.Now())
+	if s.GPUs[0].Memory == nil || s.GPUs[0].Memory.Free() != 15<<30 || s.GPUs[0].Holders[0].Memory != nil {
+		t.Errorf("memory %+v holder %v", s.GPUs[0].Memory, s.GPUs[0].Holders[0].Memory)
+	}
+}

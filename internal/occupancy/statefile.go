@@ -29,6 +29,15 @@ func Render(s Snapshot, node string, monitoring bool) v1.StateFile {
 			t := g.LastActive.UTC()
 			sg.IdleSince = &t
 		}
+		if g.Memory != nil {
+			sg.Memory = &v1.StateMemory{TotalBytes: g.Memory.Total, UsedBytes: g.Memory.Used, FreeBytes: g.Memory.Free()}
+		}
+		if g.Health.Unhealthy {
+			t := g.Health.Since.UTC()
+			sg.Health = &v1.StateGPUHealth{Reason: g.Health.Reason, Since: &t, Events: g.Health.Events}
+		} else if g.Memory != nil || g.Health.Events > 0 { // NVML is there to tell
+			sg.Health = &v1.StateGPUHealth{Healthy: true, Events: g.Health.Events}
+		}
 		for _, h := range g.Holders {
 			sg.Holders = append(sg.Holders, stateHolder(h))
 		}
@@ -45,11 +54,16 @@ func stateHolder(h HolderView) v1.StateHolder {
 	if pr == "" {
 		pr = Unclassified
 	}
-	return v1.StateHolder{
+	sh := v1.StateHolder{
 		PID: h.PID, Comm: h.Comm, CgroupID: h.CgroupID, ContainerID: h.ContainerID,
 		PodUID: h.PodUID, Priority: pr, OpenedAt: h.OpenedAt.UTC(), FDs: len(h.FDs),
-		OpenedBeforeClassified: h.OpenedUnknown,
+		OpenedBeforeClassified: h.OpenedUnknown, MemoryBytes: h.Memory,
 	}
+	if !h.LastActive.IsZero() {
+		t := h.LastActive.UTC()
+		sh.LastActive = &t
+	}
+	return sh
 }
 
 // WriteStateFile writes f to path atomically: a temporary file in the same

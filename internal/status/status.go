@@ -46,6 +46,7 @@ func renderTable(out io.Writer, f *v1.StateFile, now time.Time, wide bool) error
 	}
 	fmt.Fprintf(&w, "node %s  monitoring %s  rules %s  updated %s ago\n", trunc(orDash(f.Node), 30), mon, rules, ago(now, f.UpdatedAt))
 	renderHealth(&w, f.Health, now)
+	renderSource(&w, f)
 	fmt.Fprintln(&w)
 	tw := tabwriter.NewWriter(&w, 0, 0, 1, ' ', 0)
 	// cut shortens a name to n columns in the table, never in -o wide.
@@ -104,6 +105,7 @@ func renderTable(out io.Writer, f *v1.StateFile, now time.Time, wide bool) error
 		return err
 	}
 	renderUnenforced(&w, f.GPUs)
+	renderGPUFacts(&w, f, now)
 	if err := renderLoans(&w, f.GPUs); err != nil {
 		return err
 	}
@@ -116,6 +118,59 @@ func renderTable(out io.Writer, f *v1.StateFile, now time.Time, wide bool) error
 	}
 	return writeFitted(out, w.String())
 }
+
+// renderSource says what tells gpud a GPU is in use, and where NVML came
+// from or why there is none (files of gpuds before it are silent).
+func renderSource(w io.Writer, f *v1.StateFile) {
+	if f.ActivitySource == "" {
+		return
+	}
+	line := "activity from " + f.ActivitySource
+	switch {
+	case f.NVML != nil && f.NVML.Error != "":
+		line += " (no NVML: " + printable(f.NVML.Error) + ")"
+	case f.NVML != nil:
+		line += fmt.Sprintf(" (NVML %s, driver %s)", printable(f.NVML.Library), orDash(printable(f.NVML.DriverVersion)))
+	}
+	fmt.Fprintln(w, line)
+}
+
+// renderGPUFacts lists what NVML says of each GPU (memory, health), why a
+// GPU is not lent where lending is on, and the GPUs gpud leaves alone.
+func renderGPUFacts(w io.Writer, f *v1.StateFile, now time.Time) {
+	var lines []string
+	for _, g := range f.GPUs {
+		var parts []string
+		if m := g.Memory; m != nil {
+			parts = append(parts, fmt.Sprintf("memory %.1f of %.1f GiB used", gib(m.UsedBytes), gib(m.TotalBytes)))
+		}
+		if h := g.Health; h != nil && !h.Healthy {
+			since := ""
+			if h.Since != nil {
+				since = " for " + ago(now, *h.Since)
+			}
+			parts = append(parts, fmt.Sprintf("UNHEALTHY%s: %s", since, printable(h.Reason)))
+		}
+		if g.Lendable != nil && !*g.Lendable && g.State != occupancy.Lent && g.NotLendable != "" {
+			parts = append(parts, "not lent: "+printable(g.NotLendable))
+		}
+		if len(parts) > 0 {
+			lines = append(lines, fmt.Sprintf("  GPU %d  %s", g.Index, strings.Join(parts, "; ")))
+		}
+	}
+	for _, g := range f.LeftAlone {
+		lines = append(lines, fmt.Sprintf("  %s %s  LEFT ALONE: %s", printable(g.Device), orDash(printable(g.UUID)), printable(g.Reason)))
+	}
+	if len(lines) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "\nGPUs")
+	for _, l := range lines {
+		fmt.Fprintln(w, l)
+	}
+}
+
+func gib(b uint64) float64 { return float64(b) / (1 << 30) }
 
 // renderHealth warns of writes that failed (a full disk): how many, how
 // many preemption records still wait to be written, and the last error.

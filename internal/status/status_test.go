@@ -363,3 +363,40 @@ func TestRenderAgents(t *testing.T) {
 		t.Errorf("the holders changed:\n%s", out)
 	}
 }
+
+// What NVML says is shown: the activity source and the library, each GPU's
+// memory and health, why a GPU is not lent, and the GPUs left alone.
+func TestRenderNVMLFacts(t *testing.T) {
+	now := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
+	since := now.Add(-3 * time.Minute)
+	no := false
+	f := &v1.StateFile{Node: "n", UpdatedAt: now, Monitoring: true, Enforcing: true,
+		ActivitySource: "nvml", NVML: &v1.StateNVML{Library: "/driver-root/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1", DriverVersion: "570.86.15"},
+		GPUs: []v1.StateGPU{
+			{Index: 0, State: occupancy.Idle, Memory: &v1.StateMemory{TotalBytes: 16 << 30, UsedBytes: 13 << 30}, Health: &v1.StateGPUHealth{Healthy: true},
+				Lendable: &no, NotLendable: "3072 MiB free, below the floor of 4096 MiB"},
+			{Index: 1, State: occupancy.Free, Health: &v1.StateGPUHealth{Reason: "XID 79", Since: &since}},
+		},
+		LeftAlone: []v1.StateLeftAlone{{Device: "/dev/nvidia2", UUID: "GPU-ccc", Reason: "MIG enabled"}},
+	}
+	var b strings.Builder
+	if err := RenderWide(&b, f, now); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"activity from nvml (NVML /driver-root/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1, driver 570.86.15)",
+		"GPU 0  memory 13.0 of 16.0 GiB used; not lent: 3072 MiB free, below the floor of 4096 MiB",
+		"GPU 1  UNHEALTHY for 3m00s: XID 79",
+		"/dev/nvidia2 GPU-ccc  LEFT ALONE: MIG enabled",
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("status lacks %q:\n%s", want, b.String())
+		}
+	}
+	f.ActivitySource, f.NVML = "opens", &v1.StateNVML{Error: "nvidia: nvml: loading libnvidia-ml.so.1: not found"}
+	b.Reset()
+	Render(&b, f, now)
+	if !strings.Contains(b.String(), "activity from opens (no NVML: nvidia: nvml: loading") {
+		t.Errorf("status without NVML:\n%s", b.String())
+	}
+}

@@ -85,7 +85,16 @@ type Config struct {
 	HostDevDir     string // the host's, for a gpud in a pod; "" = DevDir
 	CheckpointRoot string // checkpoint directories of preempted tasks; "" = none
 	GPUs           []occupancy.GPU
+	// MinFreeMemory: a GPU is lendable only with this much memory free
+	// (bytes; not applied where NVML does not report memory).
+	MinFreeMemory uint64
 }
+
+// OwnerMemoryGrowth is how much an owner's GPU memory may grow during a
+// loan before the GPU is taken back: an owner allocating is working again,
+// and the memory it needs may be what the borrower holds. Smaller changes
+// are a driver's own bookkeeping.
+const OwnerMemoryGrowth = 64 << 20
 
 // Lender is the device plugin's backend (deviceplugin.Backend) and the
 // bookkeeping of owners and borrowers.
@@ -119,6 +128,9 @@ type Lender struct {
 	// activity ended; the borrower may still be listed (eviction takes
 	// seconds) but its opens are refused again, until a new Allocate.
 	takenBack map[int]bool
+	// ownerMemory: each lent GPU's owner memory when the loan was first
+	// seen, the base of the growth that takes it back.
+	ownerMemory map[int]uint64
 
 	Unallocated atomic.Uint64 // pods reported running without their lent GPU
 
@@ -146,7 +158,8 @@ func (p podRef) String() string {
 func New(cfg Config, ledger Ledger, classes Classes, gate Gate, pr PodResources, records Records) *Lender {
 	return &Lender{cfg: cfg, ledger: ledger, classes: classes, gate: gate, podResources: pr, records: records,
 		Log: slog.Default(), kick: make(chan struct{}, 1), synced: make(chan struct{}), last: map[string]bool{}, owners: map[int]podRef{}, borrowers: map[int]podRef{},
-		pending: map[int]time.Time{}, overrides: map[string]struct{}{}, reported: map[string]bool{}, takenBack: map[int]bool{}}
+		pending: map[int]time.Time{}, overrides: map[string]struct{}{}, reported: map[string]bool{}, takenBack: map[int]bool{},
+		ownerMemory: map[int]uint64{}}
 }
 
 // Resource is the lent resource's name.
@@ -161,8 +174,22 @@ func gpuOfDevice(id string) (int, bool) {
 }
 
 // lendable reports whether a GPU in this state may be lent now.
-func (l *Lender) lendable(g occupancy.GPUView) bool {
-	return g.State == occupancy.Idle || (l.cfg.LendFree && g.State == occupancy.Free)
+func (l *Lender) lendable(g occupancy.GPUView) bool { return l.notLendable(g) == "" }
+
+// notLendable says why a GPU may not be lent now; "" when it may.
+func (l *Lender) notLendable(g occupancy.GPUView) string {
+	switch {
+	case g.Health.Unhealthy:
+		return "unhealthy: " + g.Health.Reason
+	case l.cfg.MinFreeMemory > 0 && g.Memory != nil && g.Memory.Free() < l.cfg.MinFreeMemory:
+		return fmt.Sprintf("%d MiB free, below the floor of %d MiB", g.Memory.Free()>>20, l.cfg.MinFreeMemory>>20)
+	case g.State == occupancy.Idle || (l.cfg.LendFree && g.State == occupancy.Free):
+		return ""
+	case g.State == occupancy.Free:
+		return "nobody holds it (lending free GPUs is off)"
+	default:
+		return "its holders are active"
+	}
 }
 
 func (l *Lender) Devices() []deviceplugin.Device {
@@ -476,28 +503,73 @@ func (l *Lender) Activity(gpu int, pids []uint32) {
 		return
 	}
 	for _, pid := range pids {
-		info, ok := l.ledger.Has(int(pid))
-		if !ok {
-			var err error
-			if l.ProcInfo == nil {
-				continue
-			}
-			if info, err = l.ProcInfo(int(pid)); err != nil {
-				continue
-			}
+		if info, ok := l.ownerProcess(pid, owner); ok {
+			l.ownerBack(gpu, owner, info, fmt.Sprintf("the owner is active on GPU %d again", gpu))
+			return
 		}
-		if info.PodUID != owner.UID {
-			continue
-		}
-		l.TakeBack(gpu)
-		if l.gate.PreemptLow(gpu, info, fmt.Sprintf("the owner is active on GPU %d again", gpu), time.Now()) > 0 {
-			l.Log.Info("owner active on its lent GPU: taking it back", "gpu", gpu, "owner", owner.String(), "pid", pid)
-		} else {
-			// reclaimTakenBack preempts the borrower once its class is known.
-			l.Log.Debug("owner active on its lent GPU: no low holder yet", "gpu", gpu, "owner", owner.String(),
-				"holders", holderClasses(l.ledger.Holders(gpu)))
-		}
+	}
+}
+
+// Memory takes a lent GPU back when its owner's GPU memory (NVML's
+// process list, by PID) grew by more than OwnerMemoryGrowth since the loan
+// began.
+func (l *Lender) Memory(gpu int, byPID map[uint32]uint64) {
+	if !l.IsLent(gpu) {
+		l.mu.Lock()
+		delete(l.ownerMemory, gpu)
+		l.mu.Unlock()
 		return
+	}
+	l.mu.Lock()
+	owner := l.owners[gpu]
+	l.mu.Unlock()
+	if owner.UID == "" {
+		return
+	}
+	var sum uint64
+	var who occupancy.ProcInfo
+	for pid, b := range byPID {
+		if info, ok := l.ownerProcess(pid, owner); ok {
+			sum += b
+			who = info
+		}
+	}
+	l.mu.Lock()
+	base, known := l.ownerMemory[gpu]
+	if !known {
+		l.ownerMemory[gpu] = sum
+	}
+	l.mu.Unlock()
+	if known && sum > base+OwnerMemoryGrowth {
+		l.ownerBack(gpu, owner, who, fmt.Sprintf("the owner's GPU memory on GPU %d grew from %d to %d MiB", gpu, base>>20, sum>>20))
+	}
+}
+
+// ownerProcess identifies pid and reports whether it is owner's.
+func (l *Lender) ownerProcess(pid uint32, owner podRef) (occupancy.ProcInfo, bool) {
+	info, ok := l.ledger.Has(int(pid))
+	if !ok {
+		if l.ProcInfo == nil {
+			return info, false
+		}
+		var err error
+		if info, err = l.ProcInfo(int(pid)); err != nil {
+			return info, false
+		}
+	}
+	return info, info.PodUID == owner.UID
+}
+
+// ownerBack ends gpu's loan because its owner (process info) works on it
+// again, and preempts the borrower.
+func (l *Lender) ownerBack(gpu int, owner podRef, info occupancy.ProcInfo, why string) {
+	l.TakeBack(gpu)
+	if l.gate.PreemptLow(gpu, info, why, time.Now()) > 0 {
+		l.Log.Info("owner back on its lent GPU: taking it back", "gpu", gpu, "owner", owner.String(), "pid", info.PID, "why", why)
+	} else {
+		// reclaimTakenBack preempts the borrower once its class is known.
+		l.Log.Debug("owner back on its lent GPU: no low holder yet", "gpu", gpu, "owner", owner.String(),
+			"holders", holderClasses(l.ledger.Holders(gpu)))
 	}
 }
 
@@ -597,12 +669,19 @@ func (l *Lender) IsLent(gpu int) bool {
 	return ok && time.Since(t) < 30*time.Second
 }
 
-// Decorate shows loans in the state file: state lent, owner, borrower.
+// Decorate shows loans in the state file: state lent, owner, borrower;
+// and whether each GPU may be lent, or why not.
 func (l *Lender) Decorate(f *v1.StateFile) {
+	why := map[int]string{}
+	for _, g := range l.ledger.Snapshot(time.Now()).GPUs {
+		why[g.Index] = l.notLendable(g)
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for i := range f.GPUs {
 		g := &f.GPUs[i]
+		lendable := why[g.Index] == ""
+		g.Lendable, g.NotLendable = &lendable, why[g.Index]
 		if o := l.owners[g.Index]; o.Name != "" {
 			g.Owner = o.String()
 		}

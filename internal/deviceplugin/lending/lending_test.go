@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -375,5 +376,65 @@ func TestOwnerDeviceIDs(t *testing.T) {
 		if got != want {
 			t.Errorf("%q: GPU %d, want %d", id, got, want)
 		}
+	}
+}
+
+// A GPU is lendable only when healthy and, where NVML reports memory, with
+// at least the floor free; the state file says why not.
+func TestLendableNeedsHealthAndFreeMemory(t *testing.T) {
+	f := newFixture(t)
+	f.l.cfg.MinFreeMemory = 4 << 30
+	healthy := func() bool {
+		for _, d := range f.l.Devices() {
+			if d.ID == "gpu-0" {
+				return d.Healthy
+			}
+		}
+		t.Fatal("no gpu-0")
+		return false
+	}
+	why := func() string {
+		sf := occupancy.Render(f.ledger.Snapshot(time.Now()), "n", true)
+		f.l.Decorate(&sf)
+		if l := sf.GPUs[0].Lendable; l == nil || *l != (sf.GPUs[0].NotLendable == "") {
+			t.Fatalf("lendable %v with reason %q", l, sf.GPUs[0].NotLendable)
+		}
+		return sf.GPUs[0].NotLendable
+	}
+	if !healthy() || why() != "" {
+		t.Fatalf("the idle GPU 0 with memory unknown is not lendable: %q", why())
+	}
+	// The idle owner's context keeps 13 GiB of 16: 3 GiB free, below 4.
+	f.ledger.SetMemory(0, &occupancy.Memory{Total: 16 << 30, Used: 13 << 30}, map[uint32]uint64{uint32(f.owner.PID): 13 << 30})
+	if healthy() || !strings.Contains(why(), "3072 MiB free, below the floor of 4096 MiB") {
+		t.Errorf("3 GiB free: lendable %v (%q)", healthy(), why())
+	}
+	f.ledger.SetMemory(0, &occupancy.Memory{Total: 16 << 30, Used: 10 << 30}, nil)
+	if !healthy() || why() != "" {
+		t.Errorf("6 GiB free: not lendable (%q)", why())
+	}
+	f.ledger.SetUnhealthy(0, "XID 79", true, time.Now())
+	if healthy() || why() != "unhealthy: XID 79" {
+		t.Errorf("after XID 79: lendable %v (%q)", healthy(), why())
+	}
+}
+
+// The owner's memory growing on its lent GPU takes the GPU back, as its
+// compute does; the borrower's growth, or the owner's small drift, does
+// not.
+func TestOwnerMemoryGrowthTakesBack(t *testing.T) {
+	f := newFixture(t)
+	owner, borrowerPID := uint32(f.owner.PID), uint32(200)
+	f.l.Memory(0, map[uint32]uint64{owner: 2 << 30}) // not lent: nothing
+	f.lend(t)
+	f.ledger.AddFD(occupancy.ProcInfo{PID: 200, PodUID: borrowerUID, Priority: occupancy.Low}, 0, 4, time.Now())
+	f.l.Memory(0, map[uint32]uint64{owner: 2 << 30})                              // the base
+	f.l.Memory(0, map[uint32]uint64{owner: 2<<30 + 10<<20, borrowerPID: 8 << 30}) // drift; the borrower's use
+	if c := f.gate.taken(); len(c) != 0 || !f.l.IsLent(0) {
+		t.Fatalf("taken back on drift or the borrower's memory: %+v", c)
+	}
+	f.l.Memory(0, map[uint32]uint64{owner: 3 << 30, borrowerPID: 8 << 30})
+	if c := f.gate.taken(); len(c) != 1 || c[0].gpu != 0 || c[0].by != f.owner.PID || f.l.IsLent(0) {
+		t.Fatalf("owner's memory grew by 1 GiB: preemptions %+v, lent %v", c, f.l.IsLent(0))
 	}
 }

@@ -1,0 +1,212 @@
+package testutil
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// NVMLGPU is one GPU as the NVML double answers for it.
+type NVMLGPU struct {
+	Index       int // NVML's index: need not follow Minor, as on real nodes
+	Minor       int // N of /dev/nvidiaN
+	UUID        string
+	Name        string
+	MemoryTotal uint64
+	MemoryUsed  uint64 // 0: the sum of its processes' memory
+	MIG         bool
+	Lost        bool // fallen off the bus: calls answer GPU_IS_LOST
+}
+
+// NVMLProcess is a process using a GPU's memory.
+type NVMLProcess struct {
+	GPU    int // NVML index
+	PID    int
+	Memory uint64
+}
+
+// NVMLDouble is the NVML test double (internal/nvidia/nvmldouble), built
+// as libnvidia-ml.so.1 and scripted by the test while gpud runs.
+type NVMLDouble struct {
+	Dir     string // the library's directory
+	Library string // its path: what --nvml-library names
+
+	mu        sync.Mutex
+	driver    string
+	gpus      []NVMLGPU
+	processes []NVMLProcess
+	samples   []string
+	events    []string
+	seq       int
+}
+
+var nvmlBuild struct {
+	once sync.Once
+	lib  []byte
+	err  error
+}
+
+// BuildNVMLDouble compiles the double once per test binary and returns the
+// shared library's bytes.
+func BuildNVMLDouble(tb testing.TB) []byte {
+	tb.Helper()
+	nvmlBuild.once.Do(func() {
+		_, file, _, _ := runtime.Caller(0)
+		src := filepath.Join(filepath.Dir(file), "..", "nvidia", "nvmldouble", "nvmldouble.c")
+		dir, err := os.MkdirTemp("", "nvmldouble")
+		if err != nil {
+			nvmlBuild.err = err
+			return
+		}
+		defer os.RemoveAll(dir)
+		out := filepath.Join(dir, "libnvidia-ml.so.1")
+		cc := os.Getenv("CC")
+		if cc == "" {
+			cc = "gcc"
+		}
+		cmd := exec.Command(cc, "-O2", "-Wall", "-Werror", "-shared", "-fPIC", "-Wl,-soname,libnvidia-ml.so.1", "-o", out, src, "-lpthread")
+		if b, err := cmd.CombinedOutput(); err != nil {
+			nvmlBuild.err = fmt.Errorf("building the NVML double: %w\n%s", err, b)
+			return
+		}
+		nvmlBuild.lib, nvmlBuild.err = os.ReadFile(out)
+	})
+	if nvmlBuild.err != nil {
+		tb.Fatal(nvmlBuild.err)
+	}
+	return nvmlBuild.lib
+}
+
+// NewNVMLDouble installs the double in dir (a driver root's library
+// directory: root-owned, as gpud requires) with gpus, and writes its
+// script. dir "" is this test process's own directory: a process keeps the
+// first NVML it loads (its calls stay bound to it), and the double reads
+// the script next to the file it was loaded from, so every test of one
+// binary that loads it in-process must use the same directory.
+func NewNVMLDouble(tb testing.TB, dir string, gpus ...NVMLGPU) *NVMLDouble {
+	tb.Helper()
+	lib := BuildNVMLDouble(tb)
+	if dir == "" {
+		dir = filepath.Join(os.TempDir(), fmt.Sprintf("gpud-nvml-double-%d", os.Getpid()))
+		tb.Cleanup(func() { os.RemoveAll(dir) })
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		tb.Fatal(err)
+	}
+	n := &NVMLDouble{Dir: dir, Library: filepath.Join(dir, "libnvidia-ml.so.1"), driver: "570.86.15", gpus: gpus}
+	// A new file renamed into place: rewriting a library a process has
+	// mapped would crash it.
+	tmp := n.Library + ".tmp"
+	if err := os.WriteFile(tmp, lib, 0o755); err != nil {
+		tb.Fatal(err)
+	}
+	if err := os.Rename(tmp, n.Library); err != nil {
+		tb.Fatal(err)
+	}
+	n.write(tb)
+	return n
+}
+
+// SetGPUs replaces the GPUs.
+func (n *NVMLDouble) SetGPUs(tb testing.TB, gpus ...NVMLGPU) {
+	n.mu.Lock()
+	n.gpus = gpus
+	n.mu.Unlock()
+	n.write(tb)
+}
+
+// Update changes GPU index's description.
+func (n *NVMLDouble) Update(tb testing.TB, index int, f func(*NVMLGPU)) {
+	n.mu.Lock()
+	for i := range n.gpus {
+		if n.gpus[i].Index == index {
+			f(&n.gpus[i])
+		}
+	}
+	n.mu.Unlock()
+	n.write(tb)
+}
+
+// SetProcesses replaces the processes using GPU memory.
+func (n *NVMLDouble) SetProcesses(tb testing.TB, ps ...NVMLProcess) {
+	n.mu.Lock()
+	n.processes = ps
+	n.mu.Unlock()
+	n.write(tb)
+}
+
+// Compute adds a utilization sample, stamped now, of pid on GPU index.
+func (n *NVMLDouble) Compute(tb testing.TB, index, pid int, sm int) {
+	n.mu.Lock()
+	n.samples = append(n.samples, fmt.Sprintf("sample gpu=%d pid=%d ts=%d sm=%d mem=%d", index, pid, time.Now().UnixMicro(), sm, sm/2))
+	if len(n.samples) > 200 { // the double keeps 256
+		n.samples = n.samples[len(n.samples)-200:]
+	}
+	n.mu.Unlock()
+	n.write(tb)
+}
+
+// XID adds an XID critical error event on GPU index.
+func (n *NVMLDouble) XID(tb testing.TB, index, xid int) { n.event(tb, index, "xid", xid) }
+
+// DoubleBitECC adds a double-bit ECC error event on GPU index.
+func (n *NVMLDouble) DoubleBitECC(tb testing.TB, index int) { n.event(tb, index, "dbe", 0) }
+
+func (n *NVMLDouble) event(tb testing.TB, index int, typ string, data int) {
+	n.mu.Lock()
+	n.seq++
+	n.events = append(n.events, fmt.Sprintf("event gpu=%d seq=%d type=%s data=%d", index, n.seq, typ, data))
+	n.mu.Unlock()
+	n.write(tb)
+}
+
+// write replaces the script in one rename: the double never reads half.
+func (n *NVMLDouble) write(tb testing.TB) {
+	tb.Helper()
+	n.mu.Lock()
+	var b strings.Builder
+	fmt.Fprintf(&b, "driver version=%s\n", n.driver)
+	for _, g := range n.gpus {
+		fmt.Fprintf(&b, "gpu index=%d minor=%d memory_total=%d mig=%d lost=%d", g.Index, g.Minor, g.MemoryTotal, b2i(g.MIG), b2i(g.Lost))
+		if g.UUID != "" {
+			fmt.Fprintf(&b, " uuid=%s", g.UUID)
+		}
+		if g.Name != "" {
+			fmt.Fprintf(&b, " name=%s", strings.ReplaceAll(g.Name, " ", "_"))
+		}
+		if g.MemoryUsed != 0 {
+			fmt.Fprintf(&b, " memory_used=%d", g.MemoryUsed)
+		}
+		b.WriteByte('\n')
+	}
+	for _, p := range n.processes {
+		fmt.Fprintf(&b, "process gpu=%d pid=%d memory=%d\n", p.GPU, p.PID, p.Memory)
+	}
+	for _, s := range n.samples {
+		b.WriteString(s + "\n")
+	}
+	for _, e := range n.events {
+		b.WriteString(e + "\n")
+	}
+	n.mu.Unlock()
+	tmp := filepath.Join(n.Dir, ".nvml-double.txt.tmp")
+	if err := os.WriteFile(tmp, []byte(b.String()), 0o644); err != nil {
+		tb.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(n.Dir, "nvml-double.txt")); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
