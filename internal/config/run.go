@@ -70,7 +70,7 @@ type Run struct {
 	// LendMinFreeMemory: a GPU is lent only with at least this much free
 	// memory (bytes, from NVML; not applied where NVML does not say).
 	LendMinFreeMemory uint64
-	HostDevDir         string // --dev-dir as the host sees it (gpud in a pod); "" = the same
+	HostDevDir        string // --dev-dir as the host sees it (gpud in a pod); "" = the same
 
 	// MetricsAddr serves /metrics, /healthz and /readyz; "" disables.
 	MetricsAddr string

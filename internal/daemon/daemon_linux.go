@@ -50,21 +50,21 @@ type Config struct {
 
 // Daemon is a running gpud.
 type Daemon struct {
-	cfg        Config
-	log        *slog.Logger
-	mon        *bpf.Monitor
-	ledger     *occupancy.Ledger
-	tracker    *occupancy.Tracker
-	writer     *occupancy.Writer
-	nvml       nvidia.Library // nil without NVML
-	nv         nvmlState
+	cfg     Config
+	log     *slog.Logger
+	mon     *bpf.Monitor
+	ledger  *occupancy.Ledger
+	tracker *occupancy.Tracker
+	writer  *occupancy.Writer
+	nvml    nvidia.Library // nil without NVML
+	nv      nvmlState
 	// computeActivity: NVML sampling works, so activity is compute.
 	computeActivity atomic.Bool
 	migChanged      atomic.Bool
-	monitoring atomic.Bool
-	gpus       []occupancy.GPU
-	ready      atomic.Bool
-	mu         sync.Mutex // serialises switch changes
+	monitoring      atomic.Bool
+	gpus            []occupancy.GPU
+	ready           atomic.Bool
+	mu              sync.Mutex // serialises switch changes
 
 	registry *workload.Registry
 	journal  *preempt.Journal

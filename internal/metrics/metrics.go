@@ -51,7 +51,7 @@ type GPU struct {
 // Holder is one process holding a GPU, named by its workload.
 type Holder struct {
 	Namespace, Pod, Container string
-	Priority                  string // high | low | unmanaged | unclassified
+	Priority                  string  // high | low | unmanaged | unclassified
 	MemoryBytes               *uint64 // its GPU memory (NVML); nil when not known
 }
 

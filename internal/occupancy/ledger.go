@@ -128,10 +128,10 @@ type Ledger struct {
 	// computeActivity: NVML's samples say when a GPU is used; a holder's
 	// opens after its first are not use (without NVML they are).
 	computeActivity bool
-	gpus      map[int]*gpuEntry
-	procs     map[int]*proc
-	version   uint64
-	onChange  func()
+	gpus            map[int]*gpuEntry
+	procs           map[int]*proc
+	version         uint64
+	onChange        func()
 }
 
 // NewLedger returns an empty ledger of gpus.
