@@ -86,6 +86,11 @@ find_lib() {
 	die "$1: library $2 not found in $(libdirs "$1")"
 }
 
+# NVML_NEEDS: glibc's libraries NVIDIA's libnvidia-ml.so.1 may list as
+# NEEDED besides libc (libm, libpthread, libdl; librt in older drivers).
+# The NVML double needs libm, so the Kubernetes tests check it is there.
+NVML_NEEDS="libm.so.6 libdl.so.2 libpthread.so.0 librt.so.1"
+
 # add_libs ARCH ROOT ELF: ELF's interpreter and every library it needs,
 # recursively, at the paths that architecture's loader searches.
 add_libs() {
@@ -119,6 +124,16 @@ for a in $arches; do
 	chmod 1777 "$root/tmp"
 	install -m 0755 "$bin" "$root/gpud"
 	add_libs "$a" "$root" "$bin"
+	# libnvidia-ml, loaded from the node's driver root at run time, needs
+	# glibc's libraries beyond gpud's own: the image carries them, or
+	# dlopen fails in the pod.
+	for lib in $NVML_NEEDS; do
+		dst=$root/lib/${TRIPLET[$a]}/$lib
+		[[ -e $dst ]] && continue
+		src=$(find_lib "$a" "$lib")
+		cp -L "$src" "$dst"
+		add_libs "$a" "$root" "$dst"
+	done
 	echo 'root:x:0:0:root:/:/gpud' >"$root/etc/passwd"
 	echo 'root:x:0:' >"$root/etc/group"
 	chmod -R u=rwX,go=rX "$root/etc" "$root/lib"* "$root/usr" 2>/dev/null || true

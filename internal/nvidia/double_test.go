@@ -213,3 +213,35 @@ func TestNVMLLoadErrorsSayWhy(t *testing.T) {
 		}
 	}
 }
+
+// With a driver root and no library path, gpud finds libnvidia-ml.so.1 in
+// the distributions' directories under it (Debian's here), and says where
+// it looked when it is in none.
+func TestFindLibraryUnderDriverRoot(t *testing.T) {
+	root := t.TempDir()
+	os.Chmod(root, 0o755)
+	if _, err := FindLibrary(root); err == nil || !strings.Contains(err.Error(), "/usr/lib64") {
+		t.Fatalf("empty driver root: %v", err)
+	}
+	dir := filepath.Join(root, "usr/lib/x86_64-linux-gnu")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "libnvidia-ml.so.1"), []byte("\x7fELF"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := FindLibrary(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if want := filepath.Join(dir, "libnvidia-ml.so.1"); f.Name() != want {
+		t.Errorf("found %s, want %s", f.Name(), want)
+	}
+	// A copy that is there but unsafe is refused, not passed over for
+	// another.
+	os.Chmod(filepath.Join(dir, "libnvidia-ml.so.1"), 0o666)
+	if _, err := FindLibrary(root); err == nil || !strings.Contains(err.Error(), "writable by other users") {
+		t.Errorf("unsafe library: %v", err)
+	}
+}

@@ -12,13 +12,37 @@ import (
 
 // Load says which libnvidia-ml gpud loads.
 type Load struct {
-	// Library is the library's path under DriverRoot; "" lets the dynamic
-	// loader search for libnvidia-ml.so.1 (a host install).
+	// Library is the library's path under DriverRoot; "" searches
+	// LibraryDirs under a DriverRoot other than /, and lets the dynamic
+	// loader search for libnvidia-ml.so.1 on / (a host install).
 	Library string
 	// DriverRoot is where the driver's files are: "/" on a host install, the
 	// host's driver root mounted into gpud's pod (the GPU Operator's
 	// /run/nvidia/driver, or the host's /) otherwise.
 	DriverRoot string
+}
+
+// LibraryDirs are where distributions and NVIDIA's installers put
+// libnvidia-ml.so.1, searched in this order under a driver root.
+var LibraryDirs = []string{
+	"/usr/lib64", "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu",
+	"/lib64", "/lib/x86_64-linux-gnu", "/lib/aarch64-linux-gnu", "/usr/lib",
+}
+
+// FindLibrary opens libnvidia-ml.so.1 in the first of LibraryDirs under
+// root that has it, with OpenLibrary's checks; an error names every
+// directory tried.
+func FindLibrary(root string) (*os.File, error) {
+	for _, dir := range LibraryDirs {
+		f, err := OpenLibrary(root, filepath.Join(dir, "libnvidia-ml.so.1"))
+		if err == nil {
+			return f, nil
+		}
+		if !errors.Is(err, os.ErrNotExist) && !errors.Is(err, unix.ENOENT) {
+			return nil, err // there, but refused: never fall through to another copy
+		}
+	}
+	return nil, fmt.Errorf("%w: no libnvidia-ml.so.1 under %s in %v (set --nvml-library)", ErrLibrary, root, LibraryDirs)
 }
 
 // ErrLibrary marks a library file gpud refuses to load.

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"time"
 
@@ -74,7 +75,8 @@ func (n *NVML) Init() error {
 // runs. It loads it once itself, to learn why it cannot be (go-nvml's Init
 // does not say); release closes both after go-nvml's Init.
 func (n *NVML) open() (release func(), err error) {
-	if n.Load.Library == "" {
+	root := n.Load.DriverRoot
+	if n.Load.Library == "" && (root == "" || root == "/") {
 		n.info.Library = "libnvidia-ml.so.1"
 		lib := dl.New(n.info.Library, dlFlags)
 		if err := lib.Open(); err != nil {
@@ -83,7 +85,12 @@ func (n *NVML) open() (release func(), err error) {
 		n.Lib = nvml.New()
 		return func() { _ = lib.Close() }, nil
 	}
-	f, err := OpenLibrary(n.Load.DriverRoot, n.Load.Library)
+	var f *os.File
+	if n.Load.Library == "" {
+		f, err = FindLibrary(root)
+	} else {
+		f, err = OpenLibrary(root, n.Load.Library)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -70,7 +70,10 @@ func BuildNVMLDouble(tb testing.TB) []byte {
 		if cc == "" {
 			cc = "gcc"
 		}
-		cmd := exec.Command(cc, "-O2", "-Wall", "-Werror", "-shared", "-fPIC", "-Wl,-soname,libnvidia-ml.so.1", "-o", out, src, "-lpthread")
+		cmd := exec.Command(cc, "-O2", "-Wall", "-Werror", "-shared", "-fPIC", "-Wl,-soname,libnvidia-ml.so.1", "-o", out, src,
+			// Like NVIDIA's library, it needs glibc's libm: an image
+			// without it cannot load NVML.
+			"-Wl,--no-as-needed", "-lm", "-lpthread")
 		if b, err := cmd.CombinedOutput(); err != nil {
 			nvmlBuild.err = fmt.Errorf("building the NVML double: %w\n%s", err, b)
 			return

@@ -41,8 +41,10 @@ func TestOwnerActiveOnNVMLTakesLentGPUBack(t *testing.T) {
 	// sample, and only once ownerActive holds the owner's host PID.
 	var ownerActive atomic.Int64
 	lib := dgxa100.New()
+	lib.EventSetCreateFunc = func() (nvml.EventSet, nvml.Return) { return nil, nvml.ERROR_NOT_SUPPORTED }
 	for i, d := range lib.Devices {
 		md := d.(*dgxa100.Device)
+		md.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) { return nil, nvml.SUCCESS }
 		if i == 0 {
 			md.Minor = 229
 			md.GetProcessUtilizationFunc = func(last uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
