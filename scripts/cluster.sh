@@ -740,6 +740,10 @@ up() {
 	# Shared, as systemd leaves every mount: the DaemonSet mounts it with
 	# HostToContainer propagation, which containerd refuses on a private one.
 	mount --make-shared /sys/fs/bpf || die "cannot make /sys/fs/bpf a shared mount"
+	# So is /: the DaemonSet mounts the driver root (/ for a host install)
+	# with HostToContainer propagation, so that a driver container's mount
+	# appears in gpud's pod. Not recursive: nothing below changes.
+	mount --make-shared / || die "cannot make / a shared mount"
 	local node=${GPUD_NODE_NAME:-$(hostname)}
 	node=${node,,}
 	[[ $node =~ ^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$ ]] || die "node name '$node' is not a DNS name (set GPUD_NODE_NAME)"
