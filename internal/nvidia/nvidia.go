@@ -29,8 +29,8 @@ type Activity struct {
 type Library interface {
 	// Init loads the library and lists its devices.
 	Init() error
-	// Annotate fills in the UUID of each GPU NVML knows by its minor number
-	// and returns the indexes of those it does not know.
+	// Annotate fills in the UUID and NVML's index of each GPU NVML knows by
+	// its minor number and returns the indexes of those it does not know.
 	Annotate(gpus []occupancy.GPU) (unknown []int)
 	// Sample reports per GPU index the newest use since the previous call.
 	Sample() (map[int]Activity, error)
