@@ -90,6 +90,7 @@ func runFlags() (*pflag.FlagSet, *runOptions) {
 	fs.StringVar(&cfg.PodResourcesSocket, "pod-resources-socket", def.PodResourcesSocket, "kubelet's PodResources socket")
 	fs.StringVar(&cfg.HostDevDir, "host-dev-dir", "", "--dev-dir as the host sees it, for lent device nodes when gpud runs in a pod (default: the same)")
 	fs.BoolVar(&cfg.LendFree, "lend-free", false, "also lend GPUs nobody holds (not only idle ones)")
+	fs.StringVar(&cfg.CDIKind, "cdi-kind", def.CDIKind, "CDI kind a lent GPU is named under to CDI-enabled runtimes, as KIND=<UUID> when NVML gives the UUID (empty: no CDI device, only the node and NVIDIA_VISIBLE_DEVICES)")
 	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", def.MetricsAddr, "Prometheus /metrics, /healthz and /readyz listen address (empty disables)")
 	fs.StringVar(&cfg.MetricsWebConfig, "metrics-web-config", def.MetricsWebConfig, "TLS and basic auth for the metrics port: a Prometheus exporter-toolkit web config file, root's, that only root can change (empty: plain HTTP)")
 	fs.StringVar(&cfg.HealthAddr, "health-addr", def.HealthAddr, "also serve /healthz and /readyz alone, plain HTTP, on this address, e.g. 127.0.0.1:9408 for kubelet's probes when the metrics port wants credentials (empty: metrics port only)")
@@ -148,6 +149,9 @@ func loadRun(args []string, src config.Sources) (*runOptions, *config.Settings, 
 	}
 	if err := httpserve.CheckWebConfig(cfg.MetricsWebConfig); err != nil {
 		return nil, nil, bad("metrics-web-config", "%v", err)
+	}
+	if err := config.CheckCDIKind(cfg.CDIKind); err != nil {
+		return nil, nil, bad("cdi-kind", "%v", err)
 	}
 	if strings.TrimSpace(cfg.StateFile) == "" {
 		return nil, nil, bad("state-file", "is empty")

@@ -473,8 +473,8 @@ func (d *Daemon) setupLending(proc *occupancy.ProcFS) {
 	cfg := d.cfg
 	d.lender = lending.New(lending.Config{
 		Resource: cfg.ResourceName, OwnerResource: cfg.OwnerResource, LendFree: cfg.LendFree,
-		DevDir: cfg.DevDir, HostDevDir: cfg.HostDevDir, CheckpointRoot: cfg.CheckpointRoot, GPUs: d.gpus,
-	}, d.ledger, d.registry, d.gate, lending.Socket(cfg.PodResourcesSocket), d.journal)
+		DevDir: cfg.DevDir, HostDevDir: cfg.HostDevDir, CDIKind: cfg.CDIKind, GPUs: d.gpus,
+	}, d.ledger, d.registry, d.gate, lending.Socket(cfg.PodResourcesSocket))
 	d.lender.Log, d.lender.ProcInfo = d.log, proc.Info
 	d.lender.Changed = func() {
 		d.gate.Reclassified("loans changed")
