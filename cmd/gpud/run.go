@@ -77,6 +77,7 @@ func runFlags() (*pflag.FlagSet, *runOptions) {
 	fs.Var(config.NewEnum(&cfg.Reclaim, def.Reclaim, "stop", "remove", "evict", "delete", "none"), "reclaim", "what happens to a preempted or refused low-priority workload: `stop|remove|evict|delete|none` (stop/remove for containers, evict/delete for pods, stop=evict, remove=delete)")
 	fs.DurationVar(&cfg.ReservationTTL, "reservation-ttl", def.ReservationTTL, "how long a freed GPU waits for its earliest refused low-priority requester")
 	fs.StringVar(&cfg.CheckpointRoot, "checkpoint-root", def.CheckpointRoot, "where gpud-preempted.json notices go, one directory per task id")
+	fs.StringVar(&cfg.HostCheckpointRoot, "host-checkpoint-root", "", "--checkpoint-root as the host sees it, for the checkpoint mounts NRI gives when gpud runs in a pod (default: the same)")
 	fs.StringVar(&cfg.KubeConfig, "kubeconfig", "", "API server for pod labels (default: in-cluster config when in a pod, else none)")
 	fs.StringVar(&cfg.CRIEndpoint, "cri-endpoint", "", "container runtime socket for pod labels when there is no API server (default: containerd's or CRI-O's if present; none disables)")
 	fs.StringVar(&cfg.NRISocket, "nri-socket", def.NRISocket, "the container runtime's NRI socket: pods classified before their containers start, whenever it is there (none disables)")

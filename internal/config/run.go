@@ -34,7 +34,11 @@ type Run struct {
 	Reclaim         string // stop | remove | evict | delete | none
 	ReservationTTL  time.Duration
 	CheckpointRoot  string
-	DockerHost      string // "" : $DOCKER_HOST or the default socket; "none" disables
+	// HostCheckpointRoot is CheckpointRoot as the host (the container
+	// runtime) sees it, for a gpud in a pod: the source of the checkpoint
+	// mounts NRI gives; "" is the same.
+	HostCheckpointRoot string
+	DockerHost         string // "" : $DOCKER_HOST or the default socket; "none" disables
 	// KubeConfig names the API server for pod labels; "" uses the in-cluster
 	// config when running in a pod, and no API server otherwise.
 	KubeConfig string
