@@ -72,11 +72,11 @@ type Events interface {
 
 // Config is what the lender is told.
 type Config struct {
-	Resource       string // the lent resource, gpud.io/idle-gpu
-	OwnerResource  string // the resource through which owners hold GPUs, e.g. nvidia.com/gpu
-	LendFree       bool   // lend GPUs nobody holds, not only idle ones
-	DevDir         string // gpud's view of the device nodes
-	HostDevDir     string // the host's, for a gpud in a pod; "" = DevDir
+	Resource      string // the lent resource, gpud.io/idle-gpu
+	OwnerResource string // the resource through which owners hold GPUs, e.g. nvidia.com/gpu
+	LendFree      bool   // lend GPUs nobody holds, not only idle ones
+	DevDir        string // gpud's view of the device nodes
+	HostDevDir    string // the host's, for a gpud in a pod; "" = DevDir
 	// CDIKind names lent GPUs to a CDI-enabled runtime as CDIKind=<UUID>
 	// (NVIDIA's kind is nvidia.com/gpu); "" gives no CDI device.
 	CDIKind string
