@@ -102,7 +102,9 @@ spec:
     imagePullPolicy: Never
     command: ["sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"]
 %s`, name, ns, labels, env(t, "NODE_NAME"), dev))
-	t.Cleanup(func() { kubectl(t, "-n", ns, "delete", "pod", name, "--grace-period=0", "--force", "--ignore-not-found") })
+	t.Cleanup(func() {
+		kubectl(t, "-n", ns, "delete", "pod", name, "--grace-period=0", "--force", "--ignore-not-found")
+	})
 	mustKubectl(t, "-n", ns, "wait", "--for=condition=Ready", "pod/"+name, "--timeout=60s")
 }
 
