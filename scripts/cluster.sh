@@ -15,7 +15,8 @@
 #             stdout). Creates certificates, starts etcd, kube-apiserver, a
 #             private containerd (own config/root/state/socket in DIR; built
 #             by scripts/containerd-build.sh, 1.7 with NRI on at
-#             /var/run/nri/nri.sock), kubelet,
+#             /var/run/nri/nri.sock and CDI on, its specs read from
+#             DIR/cdi: CDI_SPEC_DIR in DIR/env), kubelet,
 #             kube-scheduler and kube-controller-manager, waits until the node
 #             is Ready and a test pod runs, deletes the pod. Writes
 #             DIR/kubeconfig (admin) and DIR/env (shell exports: KUBECONFIG,
@@ -390,6 +391,11 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
 
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "$PAUSE_IMAGE"
+  # CDI, as on CDI-native stacks (the GPU Operator's default since 25.10):
+  # devices a device plugin names as CDI devices are injected from the
+  # specs in this directory (tests write them; not the host's /etc/cdi).
+  enable_cdi = true
+  cdi_spec_dirs = ["$D/cdi"]
   # Without it sandbox creation fails on machines without CAP_SYS_RESOURCE.
   restrict_oom_score_adj = true
   stream_server_address = "127.0.0.1"
@@ -675,6 +681,7 @@ write_env() {
 		echo "export K8S_BIN=$BIN"
 		echo "export PATH=$CONTAINERD_BIN:\$PATH # containerd $CONTAINERD_VERSION's ctr"
 		echo "export NRI_SOCK=$NRI_SOCK"
+		echo "export CDI_SPEC_DIR=$D/cdi # containerd's CDI specs"
 		echo "export KUBECTL=$BIN/kubectl"
 		echo "export KUBECACHEDIR=$D/kubectl-cache # not ~/.kube/cache"
 		echo "export NODE_NAME=$node"
@@ -805,7 +812,7 @@ up() {
 	D=$(cd "$D" && pwd -P)
 	((${#D} <= 60)) || die "$D: path too long (unix socket paths below it must fit in 108 bytes)"
 
-	mkdir -p "$D"/{run,logs,tmp,pki,manifests,pod-logs,kubelet,cni/net.d,cni/ipam,containerd,etcd}
+	mkdir -p "$D"/{run,logs,tmp,pki,manifests,pod-logs,kubelet,cni/net.d,cni/ipam,containerd,etcd,cdi}
 	chmod 0700 "$D/etcd"
 	echo "$K8S_VERSION" >"$D/$MARKER"
 	echo "$D" >"$ACTIVE"

@@ -8,8 +8,12 @@ type Party struct {
 	Comm        string `json:"comm,omitempty"`
 	ContainerID string `json:"container_id,omitempty"`
 	PodUID      string `json:"pod_uid,omitempty"`
-	TaskID      string `json:"task_id,omitempty"`
-	CgroupID    uint64 `json:"cgroup_id,omitempty"`
+	// Namespace is the pod's: a task's checkpoint goes only to pods of the
+	// namespace the task was preempted in. Absent for containers and in
+	// records of gpuds before it.
+	Namespace string `json:"namespace,omitempty"`
+	TaskID    string `json:"task_id,omitempty"`
+	CgroupID  uint64 `json:"cgroup_id,omitempty"`
 }
 
 // Actions recorded.

@@ -87,8 +87,12 @@ type StateGPUHealth struct {
 
 // StateGPU is one GPU in the state file.
 type StateGPU struct {
-	Index     int           `json:"index"`
-	UUID      string        `json:"uuid"`
+	Index int    `json:"index"` // N of its node /dev/nvidiaN
+	UUID  string `json:"uuid"`
+	// NVMLIndex is NVML's index of the GPU (nvidia-smi's, dcgm-exporter's
+	// gpu label), which need not be Index. Absent without NVML (and in
+	// files of gpuds before it).
+	NVMLIndex *int          `json:"nvml_index,omitempty"`
 	Device    string        `json:"device"`
 	State     State         `json:"state"`
 	IdleSince *time.Time    `json:"idle_since"` // last activity, set while idle

@@ -117,6 +117,8 @@ func TestRunBadSettings(t *testing.T) {
 		{[]string{"--idle-after"}, nil, `run: idle-after (flag --idle-after): no value`},
 		{[]string{"--idle-afterr", "1m"}, nil, `run: unknown flag --idle-afterr`},
 		{[]string{"--config", "/uninstall"}, nil, `run: uninstall (file /uninstall:2): unknown key`},
+		{[]string{"--cdi-kind", "nvidia.com"}, nil, `run: cdi-kind (flag --cdi-kind): invalid CDI kind "nvidia.com": want vendor/class, e.g. nvidia.com/gpu`},
+		{nil, map[string]string{"GPUD_CDI_KIND": "nvidia.com/gpu=x"}, `run: cdi-kind (env GPUD_CDI_KIND): invalid CDI kind "nvidia.com/gpu=x": "gpu=x" must start with a letter, end with a letter or digit and hold only letters, digits, '_', '-' and '.'`},
 	} {
 		_, _, err := loadRun(tc.args, fakeSources(tc.env, files))
 		if err == nil {
@@ -382,6 +384,35 @@ func TestRunLoggerRoutesLibraries(t *testing.T) {
 // The agent lists from each source: a whole list per source (the file's
 // replaced by the variable's, that by the flag's), "" for none, and names
 // that can never match refused with the key.
+// --cdi-kind: nvidia.com/gpu by default, from every source, "" for none
+// (Complete leaves it empty).
+func TestRunCDIKind(t *testing.T) {
+	o, _, err := loadRun(nil, fakeSources(nil, nil))
+	if err != nil || o.cfg.CDIKind != "nvidia.com/gpu" || o.cfg.CDIKind != config.Defaults().CDIKind {
+		t.Fatalf("default: %q, %v", o.cfg.CDIKind, err)
+	}
+	files := map[string]string{"/c.yaml": "version: v1\ncdi-kind: example.com/accel\n", "/none.yaml": "version: v1\ncdi-kind: \"\"\n"}
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{nil, map[string]string{"GPUD_CONFIG": "/c.yaml"}, "example.com/accel"},
+		{nil, map[string]string{"GPUD_CONFIG": "/c.yaml", "GPUD_CDI_KIND": "k8s.example/gpu"}, "k8s.example/gpu"},
+		{[]string{"--cdi-kind", ""}, map[string]string{"GPUD_CDI_KIND": "k8s.example/gpu"}, ""},
+		{nil, map[string]string{"GPUD_CONFIG": "/none.yaml"}, ""},
+	} {
+		o, _, err := loadRun(tc.args, fakeSources(tc.env, files))
+		if err != nil || o.cfg.CDIKind != tc.want {
+			t.Errorf("%q %v: %q, %v; want %q", tc.args, tc.env, o.cfg.CDIKind, err, tc.want)
+			continue
+		}
+		if c := o.cfg.Run.Complete(); c.CDIKind != tc.want {
+			t.Errorf("Complete changed --cdi-kind %q to %q", tc.want, c.CDIKind)
+		}
+	}
+}
+
 func TestRunAgentSettings(t *testing.T) {
 	o, _, err := loadRun(nil, fakeSources(nil, nil))
 	if err != nil {

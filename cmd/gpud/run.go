@@ -81,6 +81,7 @@ func runFlags() (*pflag.FlagSet, *runOptions) {
 	fs.Var(config.NewEnum(&cfg.Reclaim, def.Reclaim, "stop", "remove", "evict", "delete", "none"), "reclaim", "what happens to a preempted or refused low-priority workload: `stop|remove|evict|delete|none` (stop/remove for containers, evict/delete for pods, stop=evict, remove=delete)")
 	fs.DurationVar(&cfg.ReservationTTL, "reservation-ttl", def.ReservationTTL, "how long a freed GPU waits for its earliest refused low-priority requester")
 	fs.StringVar(&cfg.CheckpointRoot, "checkpoint-root", def.CheckpointRoot, "where gpud-preempted.json notices go, one directory per task id")
+	fs.StringVar(&cfg.HostCheckpointRoot, "host-checkpoint-root", "", "--checkpoint-root as the host sees it, for the checkpoint mounts NRI gives when gpud runs in a pod (default: the same)")
 	fs.StringVar(&cfg.KubeConfig, "kubeconfig", "", "API server for pod labels (default: in-cluster config when in a pod, else none)")
 	fs.StringVar(&cfg.CRIEndpoint, "cri-endpoint", "", "container runtime socket for pod labels when there is no API server (default: containerd's or CRI-O's if present; none disables)")
 	fs.StringVar(&cfg.NRISocket, "nri-socket", def.NRISocket, "the container runtime's NRI socket: pods classified before their containers start, whenever it is there (none disables)")
@@ -95,6 +96,7 @@ func runFlags() (*pflag.FlagSet, *runOptions) {
 	fs.StringVar(&cfg.HostDevDir, "host-dev-dir", "", "--dev-dir as the host sees it, for lent device nodes when gpud runs in a pod (default: the same)")
 	fs.BoolVar(&cfg.LendFree, "lend-free", false, "also lend GPUs nobody holds (not only idle ones)")
 	fs.StringVar(&o.lendMinMem, "lend-min-free-memory", resource.NewQuantity(int64(def.LendMinFreeMemory), resource.BinarySI).String(), "lend a GPU only with at least this much free memory, from NVML, e.g. 4Gi (0: any)")
+	fs.StringVar(&cfg.CDIKind, "cdi-kind", def.CDIKind, "CDI kind a lent GPU is named under to CDI-enabled runtimes, as KIND=<UUID> when NVML gives the UUID (empty: no CDI device, only the node and NVIDIA_VISIBLE_DEVICES)")
 	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", def.MetricsAddr, "Prometheus /metrics, /healthz and /readyz listen address (empty disables)")
 	fs.StringVar(&cfg.MetricsWebConfig, "metrics-web-config", def.MetricsWebConfig, "TLS and basic auth for the metrics port: a Prometheus exporter-toolkit web config file, root's, that only root can change (empty: plain HTTP)")
 	fs.StringVar(&cfg.HealthAddr, "health-addr", def.HealthAddr, "also serve /healthz and /readyz alone, plain HTTP, on this address, e.g. 127.0.0.1:9408 for kubelet's probes when the metrics port wants credentials (empty: metrics port only)")
@@ -158,6 +160,9 @@ func loadRun(args []string, src config.Sources) (*runOptions, *config.Settings, 
 	}
 	if err := httpserve.CheckWebConfig(cfg.MetricsWebConfig); err != nil {
 		return nil, nil, bad("metrics-web-config", "%v", err)
+	}
+	if err := config.CheckCDIKind(cfg.CDIKind); err != nil {
+		return nil, nil, bad("cdi-kind", "%v", err)
 	}
 	if strings.TrimSpace(cfg.StateFile) == "" {
 		return nil, nil, bad("state-file", "is empty")

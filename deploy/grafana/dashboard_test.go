@@ -114,7 +114,7 @@ func served(t *testing.T) map[string]string {
 			Resyncs: map[string]uint64{"start": 1},
 		}
 	})
-	m.Opens(0, "GPU-x", metrics.VerdictAllow).Inc()
+	m.Opens(metrics.LabelsOf(0, nil, "GPU-x", "/dev/nvidia0"), metrics.VerdictAllow).Inc()
 	m.Preemption("kill", time.Millisecond)
 	fams, err := m.Registry().Gather()
 	if err != nil {

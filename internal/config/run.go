@@ -1,6 +1,8 @@
 package config
 
 import (
+	"fmt"
+	"strings"
 	"time"
 
 	v1 "github.com/gpud/gpud/api/v1"
@@ -38,7 +40,11 @@ type Run struct {
 	Reclaim         string // stop | remove | evict | delete | none
 	ReservationTTL  time.Duration
 	CheckpointRoot  string
-	DockerHost      string // "" : $DOCKER_HOST or the default socket; "none" disables
+	// HostCheckpointRoot is CheckpointRoot as the host (the container
+	// runtime) sees it, for a gpud in a pod: the source of the checkpoint
+	// mounts NRI gives; "" is the same.
+	HostCheckpointRoot string
+	DockerHost         string // "" : $DOCKER_HOST or the default socket; "none" disables
 	// KubeConfig names the API server for pod labels; "" uses the in-cluster
 	// config when running in a pod, and no API server otherwise.
 	KubeConfig string
@@ -71,6 +77,10 @@ type Run struct {
 	// memory (bytes, from NVML; not applied where NVML does not say).
 	LendMinFreeMemory uint64
 	HostDevDir        string // --dev-dir as the host sees it (gpud in a pod); "" = the same
+	// CDIKind is the CDI kind a lent GPU is named under to CDI-enabled
+	// runtimes, as <kind>=<UUID> (NVIDIA's spec: nvidia.com/gpu); "" names
+	// none (the device node and NVIDIA_VISIBLE_DEVICES only).
+	CDIKind string
 
 	// MetricsAddr serves /metrics, /healthz and /readyz; "" disables.
 	MetricsAddr string
@@ -117,6 +127,7 @@ func Defaults() Run {
 		CheckpointRoot:     "/var/lib/gpud/checkpoints",
 		ResourceName:       "gpud.io/idle-gpu",
 		OwnerResource:      "nvidia.com/gpu",
+		CDIKind:            "nvidia.com/gpu",
 		KubeletDir:         "/var/lib/kubelet/device-plugins",
 		PodResourcesSocket: "/var/lib/kubelet/pod-resources/kubelet.sock",
 		LendMinFreeMemory:  1 << 30,
@@ -147,7 +158,7 @@ func Defaults() Run {
 // Complete fills in from Defaults the settings that have no meaning when
 // empty or zero (a path, a resource name, a positive duration); settings
 // whose empty value means "off" (ControlSocket, MetricsAddr, PprofAddr, PinDir,
-// ResyncInterval, CheckpointRoot) are left as they are.
+// ResyncInterval, CheckpointRoot, CDIKind) are left as they are.
 func (r Run) Complete() Run {
 	d := Defaults()
 	str := func(p *string, def string) {
@@ -187,6 +198,42 @@ func (r Run) Complete() Run {
 	list(&r.AgentNamespaces, d.AgentNamespaces)
 	list(&r.AgentLabels, d.AgentLabels)
 	return r
+}
+
+// CheckCDIKind accepts "" (no CDI device) or a CDI kind vendor/class as
+// the CDI specification has them: each part a letter first, then
+// letters, digits, '_', '-' or '.', ending with a letter or a digit
+// (nvidia.com/gpu).
+func CheckCDIKind(kind string) error {
+	if kind == "" {
+		return nil
+	}
+	vendor, class, ok := strings.Cut(kind, "/")
+	if !ok {
+		return fmt.Errorf("invalid CDI kind %q: want vendor/class, e.g. nvidia.com/gpu", kind)
+	}
+	for _, part := range []string{vendor, class} {
+		if !cdiName(part) {
+			return fmt.Errorf("invalid CDI kind %q: %q must start with a letter, end with a letter or digit and hold only letters, digits, '_', '-' and '.'", kind, part)
+		}
+	}
+	return nil
+}
+
+func cdiName(s string) bool {
+	if s == "" || len(s) > 253 {
+		return false
+	}
+	alnum := func(c byte) bool { return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' }
+	if c := s[0]; !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z') || !alnum(s[len(s)-1]) {
+		return false
+	}
+	for i := 1; i < len(s)-1; i++ {
+		if c := s[i]; !alnum(c) && c != '_' && c != '-' && c != '.' {
+			return false
+		}
+	}
+	return true
 }
 
 // CheckDirs checks that every directory gpud writes in is one only root

@@ -478,7 +478,14 @@ func (d *Daemon) setupWorkloads(cgroupRoot string) error {
 		d.runners = append(d.runners, d.cri.Run)
 	}
 	if cfg.NRISocket != "none" { // classifies pods before their containers start; waits for the socket
-		d.runners = append(d.runners, (&wnri.Plugin{Socket: cfg.NRISocket, Registry: d.registry, CgroupRoot: cgroupRoot, Log: d.log}).Run)
+		ckpt := &preempt.Checkpoints{Root: cfg.CheckpointRoot, HostRoot: cfg.HostCheckpointRoot, Records: j}
+		d.runners = append(d.runners, (&wnri.Plugin{Socket: cfg.NRISocket, Registry: d.registry, CgroupRoot: cgroupRoot, Log: d.log,
+			Checkpoint: func(podUID, namespace, taskID string) (string, bool, bool) {
+				m, ok := ckpt.For(podUID, namespace, taskID)
+				return m.Dir, m.ReadOnly, ok
+			}}).Run)
+	} else if cfg.CheckpointRoot != "" {
+		d.log.Info("no NRI (--nri-socket=none): preempted tasks' containers get no checkpoint mount; a task may mount its --checkpoint-root directory itself")
 	}
 	d.executor = &preempt.Executor{
 		ProcRoot: cfg.ProcRoot, Grace: cfg.PreemptGrace, CheckpointRoot: cfg.CheckpointRoot,
@@ -495,9 +502,9 @@ func (d *Daemon) setupLending(proc *occupancy.ProcFS) {
 	cfg := d.cfg
 	d.lender = lending.New(lending.Config{
 		Resource: cfg.ResourceName, OwnerResource: cfg.OwnerResource, LendFree: cfg.LendFree,
-		DevDir: cfg.DevDir, HostDevDir: cfg.HostDevDir, CheckpointRoot: cfg.CheckpointRoot, GPUs: d.gpus,
+		DevDir: cfg.DevDir, HostDevDir: cfg.HostDevDir, CDIKind: cfg.CDIKind, GPUs: d.gpus,
 		MinFreeMemory: cfg.LendMinFreeMemory,
-	}, d.ledger, d.registry, d.gate, lending.Socket(cfg.PodResourcesSocket), d.journal)
+	}, d.ledger, d.registry, d.gate, lending.Socket(cfg.PodResourcesSocket))
 	d.lender.Log, d.lender.ProcInfo = d.log, proc.Info
 	d.lender.Changed = func() {
 		d.gate.Reclassified("loans changed")

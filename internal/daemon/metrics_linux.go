@@ -23,11 +23,11 @@ const (
 // tracker and the executor start.
 func (d *Daemon) setupMetrics() {
 	d.metrics = metrics.New(d.cfg.Version, d.metricsSnapshot)
-	uuids := map[int]string{}
+	labels := map[int]metrics.GPULabels{}
 	for _, g := range d.gpus {
-		uuids[g.Index] = g.UUID
+		labels[g.Index] = metrics.LabelsOf(g.Index, g.NVMLIndex, g.UUID, g.Device)
 	}
-	d.opens = d.metrics.Verdicts(uuids)
+	d.opens = d.metrics.Verdicts(labels)
 }
 
 // onOpened is the tracker's hook for a recorded GPU open.

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -96,7 +97,7 @@ func TestMetricsEndpoint(t *testing.T) {
 		min    float64
 	}{
 		{"gpud_build_info", []string{`version="test-1"`}, 1},
-		{"gpud_gpu_info", []string{`gpu="0"`, `device="` + e.gpus[0].Path + `"`}, 1},
+		{"gpud_gpu_info", []string{`gpu="0"`, `device="` + filepath.Base(e.gpus[0].Path) + `"`}, 1},
 		{"gpud_gpu_opens_total", []string{`gpu="0"`, `verdict="allow"`}, 2},
 		{"gpud_gpu_opens_total", []string{`gpu="0"`, `verdict="deny"`}, 1},
 		{"gpud_preemptions_total", []string{`action="kill"`}, 1},

@@ -4,14 +4,16 @@
 // Gauges are read from a Source at scrape time (so a GPU or workload that
 // went away never leaves a stale series behind); counters that only the
 // event path sees are incremented as events happen. Labels follow
-// dcgm-exporter (gpu, UUID, namespace, pod, container) so that PromQL can
-// join the two exporters; a PID is never a label (unbounded cardinality).
+// dcgm-exporter (gpu: NVML's index, UUID, device: the node's name such as
+// nvidia3, namespace, pod, container) so that PromQL can join the two
+// exporters; a PID is never a label (unbounded cardinality).
 package metrics
 
 import (
 	"fmt"
 	"maps"
 	"net/http"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strconv"
@@ -34,9 +36,10 @@ const (
 
 // GPU is one GPU as the Source sees it at scrape time.
 type GPU struct {
-	Index       int
+	Index       int  // gpud's index: N of /dev/nvidiaN
+	NVMLIndex   *int // NVML's index; nil without NVML
 	UUID        string
-	Device      string
+	Device      string // its node, /dev/nvidiaN
 	State       string // free | busy | idle | lent
 	IdleSeconds float64
 	Holders     []Holder // one per process holding the GPU
@@ -76,6 +79,30 @@ type Snapshot struct {
 	NVML      bool
 	LeftAlone map[string]int
 }
+
+// GPULabels are a GPU's labels, as dcgm-exporter names them.
+type GPULabels struct {
+	GPU    string // NVML's index (nvidia-smi's), else gpud's own index when NVML is unavailable
+	UUID   string // "" without NVML
+	Device string // the node's name: nvidia3
+}
+
+// LabelsOf names a GPU: its NVML index when known (nvidia-smi's and
+// dcgm-exporter's gpu, which need not be N of /dev/nvidiaN), else gpud's
+// index, so that a node without NVML still has one series per GPU.
+func LabelsOf(index int, nvmlIndex *int, uuid, device string) GPULabels {
+	l := GPULabels{GPU: strconv.Itoa(index), UUID: uuid, Device: filepath.Base(device)}
+	if nvmlIndex != nil {
+		l.GPU = strconv.Itoa(*nvmlIndex)
+	}
+	if device == "" {
+		l.Device = ""
+	}
+	return l
+}
+
+// Labels are the GPU's labels.
+func (g GPU) Labels() GPULabels { return LabelsOf(g.Index, g.NVMLIndex, g.UUID, g.Device) }
 
 // Source returns the current snapshot; it is called once per scrape.
 type Source func() Snapshot
@@ -118,7 +145,7 @@ func New(version string, src Source) *Metrics {
 		opens: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Name: "gpu_opens_total",
 			Help: "GPU opens seen by the kernel, by verdict. deny counts refusals as reported by the gate: at most one per workload and GPU every 100 ms (a retry loop is not counted per try).",
-		}, []string{"gpu", "UUID", "verdict"}),
+		}, []string{"gpu", "UUID", "device", "verdict"}),
 		preemptions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Name: "preemptions_total",
 			Help: "Preemption records, by action: kill (a low-priority holder killed), reclaim (its container or pod stopped or evicted), deny (a low-priority open refused).",
@@ -132,11 +159,11 @@ func New(version string, src Source) *Metrics {
 			Namespace: Namespace, Name: "build_info", Help: "Always 1; the version label says which gpud runs.",
 			ConstLabels: prometheus.Labels{"version": version},
 		}),
-		gpuInfo:         desc("gpu_info", "Always 1 for each GPU gpud tracks; device is its device node.", "gpu", "UUID", "device"),
-		gpuState:        desc("gpu_state", "1 for the GPU's current state, 0 for the others (free, busy, idle, lent).", "gpu", "UUID", "state"),
-		idle:            desc("gpu_idle_seconds", "Seconds since the GPU's last activity while it is idle; 0 otherwise.", "gpu", "UUID"),
-		holders:         desc("gpu_holders", "Processes holding the GPU open, by priority class.", "gpu", "UUID", "priority"),
-		workloadHolders: desc("workload_gpu_holders", "Processes of a workload holding the GPU open (host processes have empty namespace, pod and container).", "gpu", "UUID", "namespace", "pod", "container", "priority"),
+		gpuInfo:         desc("gpu_info", "Always 1 for each GPU gpud tracks. gpu is NVML's index (gpud's, N of /dev/nvidiaN, without NVML), device the node's name (nvidia3).", "gpu", "UUID", "device"),
+		gpuState:        desc("gpu_state", "1 for the GPU's current state, 0 for the others (free, busy, idle, lent).", "gpu", "UUID", "device", "state"),
+		idle:            desc("gpu_idle_seconds", "Seconds since the GPU's last activity while it is idle; 0 otherwise.", "gpu", "UUID", "device"),
+		holders:         desc("gpu_holders", "Processes holding the GPU open, by priority class.", "gpu", "UUID", "device", "priority"),
+		workloadHolders: desc("workload_gpu_holders", "Processes of a workload holding the GPU open (host processes have empty namespace, pod and container).", "gpu", "UUID", "device", "namespace", "pod", "container", "priority"),
 		events:          desc("events_received_total", "Kernel events read from the ring buffer, by type.", "type"),
 		dropped:         desc("events_dropped_total", "Kernel events lost because the ring buffer was full (each loss is followed by a full resync)."),
 		resyncs:         desc("resyncs_total", "Full reconciliations of the ledger with /proc, by reason.", "reason"),
@@ -149,15 +176,15 @@ func New(version string, src Source) *Metrics {
 		stateFailures:   desc("state_write_failures_total", "State file writes that failed (a full disk, say); each failure is retried on a timer until a write succeeds."),
 		journalFailures: desc("journal_write_failures_total", "Preemption journal writes that failed; a record cut short is truncated away and the record kept and retried until written."),
 		journalPending:  desc("journal_pending_records", "Preemption records waiting to be written to the journal after a failed write."),
-		memTotal:        desc("gpu_memory_total_bytes", "The GPU's memory (NVML).", "gpu", "UUID"),
-		memUsed:         desc("gpu_memory_used_bytes", "The GPU's memory in use (NVML), by every process and the driver.", "gpu", "UUID"),
-		workloadMem:     desc("workload_gpu_memory_bytes", "GPU memory of a workload's processes on the GPU (NVML's process list).", "gpu", "UUID", "namespace", "pod", "container", "priority"),
-		healthy:         desc("gpu_healthy", "1 while no critical NVML event (an XID not of an application's fault, a double-bit ECC error, the GPU fallen off the bus) was seen since gpud started; an unhealthy GPU is not lent.", "gpu", "UUID"),
-		healthEv:        desc("gpu_health_events_total", "XID and ECC events NVML reported for the GPU since gpud started, critical or not.", "gpu", "UUID"),
-		lendable:        desc("gpu_lendable", "1 while the GPU may be lent (idle, healthy, enough free memory); the state file's not_lendable says why not. Only with lending on.", "gpu", "UUID"),
+		memTotal:        desc("gpu_memory_total_bytes", "The GPU's memory (NVML).", "gpu", "UUID", "device"),
+		memUsed:         desc("gpu_memory_used_bytes", "The GPU's memory in use (NVML), by every process and the driver.", "gpu", "UUID", "device"),
+		workloadMem:     desc("workload_gpu_memory_bytes", "GPU memory of a workload's processes on the GPU (NVML's process list).", "gpu", "UUID", "device", "namespace", "pod", "container", "priority"),
+		healthy:         desc("gpu_healthy", "1 while no critical NVML event (an XID not of an application's fault, a double-bit ECC error, the GPU fallen off the bus) was seen since gpud started; an unhealthy GPU is not lent.", "gpu", "UUID", "device"),
+		healthEv:        desc("gpu_health_events_total", "XID and ECC events NVML reported for the GPU since gpud started, critical or not.", "gpu", "UUID", "device"),
+		lendable:        desc("gpu_lendable", "1 while the GPU may be lent (idle, healthy, enough free memory); the state file's not_lendable says why not. Only with lending on.", "gpu", "UUID", "device"),
 		nvml:            desc("nvml_available", "1 while gpud reads NVML (activity from compute, memory, MIG, health); 0: activity from GPU opens only."),
 		leftAlone:       desc("gpus_left_alone", "GPUs gpud found and does not manage (neither gate nor lending), by reason.", "reason"),
-		gpuEnforced:     desc("gpu_enforced", "1 while the kernel gate applies the priority rules to the GPU's opens; 0 under --enforce=false, with monitoring off, or when the gate cannot protect this GPU (see gpud's log).", "gpu", "UUID"),
+		gpuEnforced:     desc("gpu_enforced", "1 while the kernel gate applies the priority rules to the GPU's opens; 0 under --enforce=false, with monitoring off, or when the gate cannot protect this GPU (see gpud's log).", "gpu", "UUID", "device"),
 	}
 	m.reg.MustRegister(m.opens, m.preemptions, m.latency, m.buildInfo, collector{m},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -175,8 +202,8 @@ func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
 
 // Opens returns the counter of opens of one GPU with one verdict; callers
 // on the event path keep it rather than look it up per event.
-func (m *Metrics) Opens(gpu int, uuid, verdict string) prometheus.Counter {
-	return m.opens.WithLabelValues(strconv.Itoa(gpu), uuid, verdict)
+func (m *Metrics) Opens(gpu GPULabels, verdict string) prometheus.Counter {
+	return m.opens.WithLabelValues(gpu.GPU, gpu.UUID, gpu.Device, verdict)
 }
 
 // Preemption counts one preemption record; latency > 0 is observed (kills).
@@ -217,23 +244,23 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
 	}
 	for _, g := range s.GPUs {
-		idx := strconv.Itoa(g.Index)
-		gauge(m.gpuInfo, 1, idx, g.UUID, g.Device)
+		l := g.Labels()
+		gauge(m.gpuInfo, 1, l.GPU, l.UUID, l.Device)
 		for _, st := range States {
-			gauge(m.gpuState, b2f(g.State == st), idx, g.UUID, st)
+			gauge(m.gpuState, b2f(g.State == st), l.GPU, l.UUID, l.Device, st)
 		}
-		gauge(m.idle, g.IdleSeconds, idx, g.UUID)
-		gauge(m.gpuEnforced, b2f(g.Enforced), idx, g.UUID)
+		gauge(m.idle, g.IdleSeconds, l.GPU, l.UUID, l.Device)
+		gauge(m.gpuEnforced, b2f(g.Enforced), l.GPU, l.UUID, l.Device)
 		if g.Memory != nil {
-			gauge(m.memTotal, float64(g.Memory.TotalBytes), idx, g.UUID)
-			gauge(m.memUsed, float64(g.Memory.UsedBytes), idx, g.UUID)
+			gauge(m.memTotal, float64(g.Memory.TotalBytes), l.GPU, l.UUID, l.Device)
+			gauge(m.memUsed, float64(g.Memory.UsedBytes), l.GPU, l.UUID, l.Device)
 		}
 		if g.Lendable != nil {
-			gauge(m.lendable, b2f(*g.Lendable), idx, g.UUID)
+			gauge(m.lendable, b2f(*g.Lendable), l.GPU, l.UUID, l.Device)
 		}
 		if g.Healthy != nil {
-			gauge(m.healthy, b2f(*g.Healthy), idx, g.UUID)
-			counter(m.healthEv, g.HealthEvents, idx, g.UUID)
+			gauge(m.healthy, b2f(*g.Healthy), l.GPU, l.UUID, l.Device)
+			counter(m.healthEv, g.HealthEvents, l.GPU, l.UUID, l.Device)
 		}
 		byPrio := map[string]int{}
 		type wl struct{ ns, pod, ctr, prio string }
@@ -248,13 +275,13 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 		for w, b := range memByWorkload {
-			gauge(m.workloadMem, float64(b), idx, g.UUID, w.ns, w.pod, w.ctr, w.prio)
+			gauge(m.workloadMem, float64(b), l.GPU, l.UUID, l.Device, w.ns, w.pod, w.ctr, w.prio)
 		}
 		for _, p := range Priorities {
-			gauge(m.holders, float64(byPrio[p]), idx, g.UUID, p)
+			gauge(m.holders, float64(byPrio[p]), l.GPU, l.UUID, l.Device, p)
 		}
 		for w, n := range byWorkload {
-			gauge(m.workloadHolders, float64(n), idx, g.UUID, w.ns, w.pod, w.ctr, w.prio)
+			gauge(m.workloadHolders, float64(n), l.GPU, l.UUID, l.Device, w.ns, w.pod, w.ctr, w.prio)
 		}
 	}
 	for _, t := range sortedKeys(s.Events) {
@@ -321,7 +348,7 @@ func healthMux(ready func() bool) *http.ServeMux {
 // the lent GPUs.
 func GPUsOf(f v1.StateFile, now time.Time, names func(v1.StateHolder) (namespace, pod, container string)) (gpus []GPU, lent int) {
 	for _, g := range f.GPUs {
-		mg := GPU{Index: g.Index, UUID: g.UUID, Device: g.Device, State: string(g.State), Enforced: g.Enforced != nil && *g.Enforced,
+		mg := GPU{Index: g.Index, NVMLIndex: g.NVMLIndex, UUID: g.UUID, Device: g.Device, State: string(g.State), Enforced: g.Enforced != nil && *g.Enforced,
 			Memory: g.Memory, Lendable: g.Lendable}
 		if g.Health != nil {
 			h := g.Health.Healthy
@@ -349,12 +376,13 @@ type Verdicts struct {
 	allow, deny map[int]prometheus.Counter
 }
 
-// Verdicts returns the open counters of GPUs given as index → UUID.
-func (m *Metrics) Verdicts(gpus map[int]string) *Verdicts {
+// Verdicts returns the open counters of GPUs given as gpud's index (the
+// kernel's name of a GPU) → labels.
+func (m *Metrics) Verdicts(gpus map[int]GPULabels) *Verdicts {
 	v := &Verdicts{allow: map[int]prometheus.Counter{}, deny: map[int]prometheus.Counter{}}
-	for idx, uuid := range gpus {
-		v.allow[idx] = m.Opens(idx, uuid, VerdictAllow)
-		v.deny[idx] = m.Opens(idx, uuid, VerdictDeny)
+	for idx, l := range gpus {
+		v.allow[idx] = m.Opens(l, VerdictAllow)
+		v.deny[idx] = m.Opens(l, VerdictDeny)
 	}
 	return v
 }

@@ -24,19 +24,19 @@ func TestScrapeTimeGauges(t *testing.T) {
 	}
 	m := New("v1", func() Snapshot { return snap })
 	m.Preemption("kill", 3*time.Millisecond)
-	m.Opens(0, "GPU-a", VerdictDeny).Inc()
+	m.Opens(snap.GPUs[0].Labels(), VerdictDeny).Inc()
 
 	want := `
 # HELP gpud_gpu_holders Processes holding the GPU open, by priority class.
 # TYPE gpud_gpu_holders gauge
-gpud_gpu_holders{UUID="GPU-a",gpu="0",priority="high"} 2
-gpud_gpu_holders{UUID="GPU-a",gpu="0",priority="low"} 1
-gpud_gpu_holders{UUID="GPU-a",gpu="0",priority="unclassified"} 0
-gpud_gpu_holders{UUID="GPU-a",gpu="0",priority="unmanaged"} 0
+gpud_gpu_holders{UUID="GPU-a",device="nvidia0",gpu="0",priority="high"} 2
+gpud_gpu_holders{UUID="GPU-a",device="nvidia0",gpu="0",priority="low"} 1
+gpud_gpu_holders{UUID="GPU-a",device="nvidia0",gpu="0",priority="unclassified"} 0
+gpud_gpu_holders{UUID="GPU-a",device="nvidia0",gpu="0",priority="unmanaged"} 0
 # HELP gpud_workload_gpu_holders Processes of a workload holding the GPU open (host processes have empty namespace, pod and container).
 # TYPE gpud_workload_gpu_holders gauge
-gpud_workload_gpu_holders{UUID="GPU-a",container="",gpu="0",namespace="ml",pod="train",priority="high"} 2
-gpud_workload_gpu_holders{UUID="GPU-a",container="notebook",gpu="0",namespace="",pod="",priority="low"} 1
+gpud_workload_gpu_holders{UUID="GPU-a",container="",device="nvidia0",gpu="0",namespace="ml",pod="train",priority="high"} 2
+gpud_workload_gpu_holders{UUID="GPU-a",container="notebook",device="nvidia0",gpu="0",namespace="",pod="",priority="low"} 1
 `
 	if err := testutil.GatherAndCompare(m.Registry(), strings.NewReader(want), "gpud_gpu_holders", "gpud_workload_gpu_holders"); err != nil {
 		t.Fatal(err)
@@ -52,19 +52,44 @@ gpud_workload_gpu_holders{UUID="GPU-a",container="notebook",gpu="0",namespace=""
 	want = `
 # HELP gpud_gpu_state 1 for the GPU's current state, 0 for the others (free, busy, idle, lent).
 # TYPE gpud_gpu_state gauge
-gpud_gpu_state{UUID="GPU-a",gpu="0",state="busy"} 0
-gpud_gpu_state{UUID="GPU-a",gpu="0",state="free"} 0
-gpud_gpu_state{UUID="GPU-a",gpu="0",state="idle"} 1
-gpud_gpu_state{UUID="GPU-a",gpu="0",state="lent"} 0
+gpud_gpu_state{UUID="GPU-a",device="nvidia0",gpu="0",state="busy"} 0
+gpud_gpu_state{UUID="GPU-a",device="nvidia0",gpu="0",state="free"} 0
+gpud_gpu_state{UUID="GPU-a",device="nvidia0",gpu="0",state="idle"} 1
+gpud_gpu_state{UUID="GPU-a",device="nvidia0",gpu="0",state="lent"} 0
 # HELP gpud_gpu_idle_seconds Seconds since the GPU's last activity while it is idle; 0 otherwise.
 # TYPE gpud_gpu_idle_seconds gauge
-gpud_gpu_idle_seconds{UUID="GPU-a",gpu="0"} 42
+gpud_gpu_idle_seconds{UUID="GPU-a",device="nvidia0",gpu="0"} 42
 `
 	if err := testutil.GatherAndCompare(m.Registry(), strings.NewReader(want), "gpud_gpu_state", "gpud_gpu_idle_seconds"); err != nil {
 		t.Fatal(err)
 	}
 	if n := testutil.CollectAndCount(m.Registry(), "gpud_preemption_latency_seconds"); n != 1 {
 		t.Errorf("latency histogram series: %d", n)
+	}
+}
+
+// The gpu label is NVML's index (nvidia-smi's, dcgm-exporter's), which
+// need not be N of /dev/nvidiaN; device is the node's name. Without NVML
+// gpu falls back to gpud's index and UUID is empty.
+func TestGPULabels(t *testing.T) {
+	two := 2
+	snap := Snapshot{GPUs: []GPU{
+		{Index: 5, NVMLIndex: &two, UUID: "GPU-b", Device: "/host/dev/nvidia5", State: "idle"},
+		{Index: 3, Device: "/dev/nvidia3", State: "free"},
+	}}
+	m := New("v1", func() Snapshot { return snap })
+	m.Verdicts(map[int]GPULabels{5: snap.GPUs[0].Labels(), 3: snap.GPUs[1].Labels()}).Count(5, false)
+	want := `
+# HELP gpud_gpu_info Always 1 for each GPU gpud tracks. gpu is NVML's index (gpud's, N of /dev/nvidiaN, without NVML), device the node's name (nvidia3).
+# TYPE gpud_gpu_info gauge
+gpud_gpu_info{UUID="",device="nvidia3",gpu="3"} 1
+gpud_gpu_info{UUID="GPU-b",device="nvidia5",gpu="2"} 1
+`
+	if err := testutil.GatherAndCompare(m.Registry(), strings.NewReader(want), "gpud_gpu_info"); err != nil {
+		t.Fatal(err)
+	}
+	if v := testutil.ToFloat64(m.Opens(GPULabels{GPU: "2", UUID: "GPU-b", Device: "nvidia5"}, VerdictDeny)); v != 1 {
+		t.Errorf("deny count of NVML GPU 2 (gpud's 5): %v, want 1", v)
 	}
 }
 

@@ -70,8 +70,8 @@ type Info struct {
 type Library interface {
 	// Init loads the library and lists its devices.
 	Init() error
-	// Annotate fills in the UUID of each GPU NVML knows by its minor number
-	// and returns the indexes of those it does not know.
+	// Annotate fills in the UUID and NVML's index of each GPU NVML knows by
+	// its minor number and returns the indexes of those it does not know.
 	Annotate(gpus []occupancy.GPU) (unknown []int)
 	// Sample reads every known GPU, keyed by gpud's index.
 	Sample() (map[int]Reading, error)

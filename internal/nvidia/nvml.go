@@ -25,6 +25,7 @@ type NVML struct {
 
 	info     Info
 	devices  map[int]nvml.Device // minor number → device
+	nvmlIdx  map[int]int         // minor number → NVML's index of the device
 	lastSeen map[int]uint64      // per device: newest sample timestamp (µs)
 	index    map[int]int         // minor number → GPU index, from Annotate
 }
@@ -55,6 +56,7 @@ func (n *NVML) Init() error {
 		return fmt.Errorf("%w: device count: %v", ErrNVML, nvml.ErrorString(ret))
 	}
 	n.devices = map[int]nvml.Device{}
+	n.nvmlIdx = map[int]int{}
 	n.lastSeen = map[int]uint64{}
 	for i := 0; i < count; i++ {
 		d, ret := n.Lib.DeviceGetHandleByIndex(i)
@@ -66,6 +68,7 @@ func (n *NVML) Init() error {
 			return fmt.Errorf("%w: device %d minor: %v", ErrNVML, i, nvml.ErrorString(ret))
 		}
 		n.devices[minor] = d
+		n.nvmlIdx[minor] = i
 	}
 	return nil
 }
@@ -108,8 +111,8 @@ func (n *NVML) open() (release func(), err error) {
 // Info says which library was loaded and the driver's version.
 func (n *NVML) Info() Info { return n.info }
 
-// Annotate fills in the UUID of each GPU that NVML knows by its minor
-// number, and reports the GPUs NVML does not know.
+// Annotate fills in the UUID and NVML's index of each GPU that NVML knows
+// by its minor number, and reports the GPUs NVML does not know.
 func (n *NVML) Annotate(gpus []occupancy.GPU) (unknown []int) {
 	n.index = map[int]int{}
 	for i := range gpus {
@@ -119,6 +122,8 @@ func (n *NVML) Annotate(gpus []occupancy.GPU) (unknown []int) {
 			unknown = append(unknown, gpus[i].Index)
 			continue
 		}
+		idx := n.nvmlIdx[int(gpus[i].Minor)]
+		gpus[i].NVMLIndex = &idx
 		if uuid, ret := d.GetUUID(); ret == nvml.SUCCESS {
 			gpus[i].UUID = uuid
 		}

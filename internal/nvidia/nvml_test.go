@@ -59,9 +59,18 @@ func TestNVMLInitAnnotate(t *testing.T) {
 	if got, want := gpus[0].UUID, s.Devices[7].(*dgxa100.Device).UUID; got != want {
 		t.Errorf("minor 0 UUID = %q, want NVML device 7's %q", got, want)
 	}
+	// NVML's index is the device's place in NVML's list, not the minor.
+	for _, g := range gpus[:8] {
+		if g.NVMLIndex == nil || s.Devices[*g.NVMLIndex].(*dgxa100.Device).Minor != int(g.Minor) {
+			t.Errorf("GPU %d (minor %d): NVML index %v, not the NVML device of that minor", g.Index, g.Minor, g.NVMLIndex)
+		}
+	}
+	if gpus[0].NVMLIndex == nil || *gpus[0].NVMLIndex != 7 {
+		t.Errorf("minor 0: NVML index %v, want 7", gpus[0].NVMLIndex)
+	}
 	for _, g := range gpus[8:] {
-		if g.UUID != "" {
-			t.Errorf("unknown GPU %d got UUID %q", g.Index, g.UUID)
+		if g.UUID != "" || g.NVMLIndex != nil {
+			t.Errorf("unknown GPU %d got UUID %q, NVML index %v", g.Index, g.UUID, g.NVMLIndex)
 		}
 	}
 

@@ -34,8 +34,15 @@ const (
 
 // GPU is one physical GPU as gpud tracks it.
 type GPU struct {
-	Index        int
-	UUID         string // from NVML, "" without it
+	// Index is N of its node /dev/nvidiaN (the minor number the driver gave
+	// it): gpud's own name for the GPU (the kernel maps, the state file's
+	// index, GPUD_GPU).
+	Index int
+	UUID  string // from NVML, "" without it
+	// NVMLIndex is NVML's index of the GPU (what nvidia-smi and
+	// dcgm-exporter call it, and CUDA's order by default), from NVML; nil
+	// without it. It is not always Index: NVML orders GPUs by PCI bus.
+	NVMLIndex    *int
 	Device       string // device node path, e.g. /dev/nvidia0
 	Major, Minor uint32
 	// Aliases are other nodes of the same device (same major:minor): the

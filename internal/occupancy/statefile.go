@@ -25,6 +25,10 @@ func Render(s Snapshot, node string, monitoring bool) v1.StateFile {
 	for _, g := range s.GPUs {
 		sg := v1.StateGPU{Index: g.Index, UUID: g.UUID, Device: g.Device, State: g.State, Holders: []v1.StateHolder{},
 			Aliases: slices.Clone(g.Aliases)}
+		if g.NVMLIndex != nil {
+			n := *g.NVMLIndex
+			sg.NVMLIndex = &n
+		}
 		if g.State == Idle {
 			t := g.LastActive.UTC()
 			sg.IdleSince = &t

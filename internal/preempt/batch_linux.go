@@ -59,7 +59,8 @@ func (e *Executor) killAll(gpu int, rule string, preemptor Party, victims []Vict
 	for i, v := range victims {
 		rec := Record{
 			Time: now, GPU: gpu, Action: ActionKill, Rule: rule, Preemptor: preemptor,
-			Victim: Party{PID: v.PID, Comm: v.Comm, ContainerID: v.ContainerID, PodUID: v.PodUID, TaskID: v.TaskID, CgroupID: v.CgroupID},
+			Victim: Party{PID: v.PID, Comm: v.Comm, ContainerID: v.ContainerID, PodUID: v.PodUID, Namespace: v.Workload.Namespace,
+				TaskID: v.TaskID, CgroupID: v.CgroupID},
 		}
 		if e.Journal != nil {
 			rec.ID = e.Journal.NewID(now)

@@ -124,7 +124,7 @@ func (e *Executor) reclaim(ctx context.Context, gpu int, t Target, taskID string
 		return // reclaim off, no runtime for it, or one already under way
 	}
 	rec := Record{Time: time.Now().UTC(), GPU: gpu, Action: ActionReclaim, Preemptor: by,
-		Victim: Party{ContainerID: t.ContainerID, PodUID: t.PodUID, TaskID: taskID}, Result: e.Reclaimer.Mode}
+		Victim: Party{ContainerID: t.ContainerID, PodUID: t.PodUID, Namespace: t.Namespace, TaskID: taskID}, Result: e.Reclaimer.Mode}
 	if e.Journal != nil {
 		rec.ID = e.Journal.NewID(rec.Time)
 	}

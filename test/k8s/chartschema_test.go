@@ -20,6 +20,8 @@ func TestHelmChartSchemaRejectsBadValues(t *testing.T) {
 		{"--set=gpud.failOpenAfter=30sec", "/gpud/failOpenAfter"},        // not a Go duration
 		{"--set=gpud.idleafter=5m", "additional properties 'idleafter'"}, // a typo
 		{"--set=devicePlugin.enable=true", "additional properties 'enable'"},
+		{"--set=devicePlugin.cdiKind=nvidia.com", "/devicePlugin/cdiKind"},       // no class
+		{"--set=devicePlugin.cdiKind=nvidia.com/gpu=x", "/devicePlugin/cdiKind"}, // a device, not a kind
 		{"--set=replicas=2", "additional properties 'replicas'"},
 		{"--set=gpud.defaultPriority=medium", "/gpud/defaultPriority"},
 		{"--set=gpud.reclaim=kill", "/gpud/reclaim"},

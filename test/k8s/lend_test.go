@@ -125,7 +125,7 @@ func TestLendIdleGPUOnARealKubelet(t *testing.T) {
 	// The owner comes back: its open kills the borrower, which is evicted;
 	// the GPU is listed Unhealthy (seen on a ListAndWatch stream of our own,
 	// beside kubelet's: the node's allocatable is only refreshed every 10 s).
-	health := watchHealth(t, filepath.Join(env(t, "DEVICE_PLUGINS_DIR"), "gpud.sock"))
+	health := watchHealth(t, filepath.Join(env(t, "DEVICE_PLUGINS_DIR"), "gpud.sock"), "gpu-0")
 	start := time.Now()
 	if out := mustKubectl(t, "exec", "owner", "--", "sh", "-c", "exec 4<>/dev/nvidia0 && echo back"); out != "back" {
 		t.Fatalf("owner's open: %q", out)
@@ -213,8 +213,9 @@ func startStandin(t *testing.T, gpu string) {
 	t.Cleanup(func() { cancel(); <-done })
 }
 
-// watchHealth follows gpud's ListAndWatch stream: the health of gpu-0.
-func watchHealth(t *testing.T, sock string) <-chan string {
+// watchHealth follows gpud's ListAndWatch stream: the health of device
+// id (gpu-0 for the fake GPU without NVML, its UUID with).
+func watchHealth(t *testing.T, sock, id string) <-chan string {
 	t.Helper()
 	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -234,7 +235,7 @@ func watchHealth(t *testing.T, sock string) <-chan string {
 				return
 			}
 			for _, d := range resp.Devices {
-				if d.ID == "gpu-0" {
+				if d.ID == id {
 					select {
 					case out <- d.Health:
 					default:
@@ -246,7 +247,7 @@ func watchHealth(t *testing.T, sock string) <-chan string {
 	return out
 }
 
-// waitHealth waits until the stream reports gpu-0 as want.
+// waitHealth waits until the stream reports the watched device as want.
 func waitHealth(t *testing.T, health <-chan string, want string, d time.Duration) {
 	t.Helper()
 	deadline := time.After(d)
@@ -257,7 +258,7 @@ func waitHealth(t *testing.T, health <-chan string, want string, d time.Duration
 				return
 			}
 		case <-deadline:
-			t.Fatalf("gpu-0 never listed %s", want)
+			t.Fatalf("the lent device never listed %s", want)
 		}
 	}
 }

@@ -68,7 +68,7 @@ func TestLendTakeBackLatency(t *testing.T) {
 		"{op: add, path: /spec/template/spec/containers/0/args/-, value: --idle-after=1s}",
 		"{op: add, path: /spec/template/spec/containers/0/args/-, value: --reclaim=none}")
 	testutil.Eventually(t, 30*time.Second, "kubelet lists the owner's resource", func() bool { return allocatable(t, "nvidia.com/gpu") == "1" })
-	health := watchHealth(t, filepath.Join(env(t, "DEVICE_PLUGINS_DIR"), "gpud.sock"))
+	health := watchHealth(t, filepath.Join(env(t, "DEVICE_PLUGINS_DIR"), "gpud.sock"), "gpu-0")
 
 	resourcePod(t, "lowner", "nvidia.com/gpu")
 	mustKubectl(t, "wait", "--for=condition=Ready", "pod/lowner", "--timeout=60s")

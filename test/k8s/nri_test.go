@@ -3,8 +3,10 @@
 package k8s
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -12,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/gpud/gpud/internal/preempt"
 	"github.com/gpud/gpud/internal/testutil"
 )
 
@@ -70,4 +73,104 @@ func gpudPID(t *testing.T, state string) int {
 	}
 	t.Fatalf("no gpud process with state file %s", state)
 	return 0
+}
+
+// taskPod is a busybox pod of task (label gpud.io/task-id) in namespace
+// ns, with the fake GPU mapped in when gpu is not "", Ready on return.
+func taskPod(t *testing.T, name, ns, prio, task, gpu string) {
+	t.Helper()
+	labels := fmt.Sprintf("{gpud.io/task-id: %q}", task)
+	if prio != "" {
+		labels = fmt.Sprintf("{gpud.io/task-id: %q, gpud.io/priority: %q}", task, prio)
+	}
+	dev := ""
+	if gpu != "" {
+		dev = fmt.Sprintf(`    securityContext: {privileged: true}
+    volumeMounts: [{name: gpu, mountPath: /dev/nvidia0}]
+  volumes: [{name: gpu, hostPath: {path: %s, type: CharDevice}}]
+`, gpu)
+	}
+	apply(t, fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata: {name: %s, namespace: %s, labels: %s}
+spec:
+  nodeName: %s
+  terminationGracePeriodSeconds: 2
+  containers:
+  - name: c
+    image: gpud.local/busybox:1
+    imagePullPolicy: Never
+    command: ["sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"]
+%s`, name, ns, labels, env(t, "NODE_NAME"), dev))
+	t.Cleanup(func() {
+		kubectl(t, "-n", ns, "delete", "pod", name, "--grace-period=0", "--force", "--ignore-not-found")
+	})
+	mustKubectl(t, "-n", ns, "wait", "--for=condition=Ready", "pod/"+name, "--timeout=60s")
+}
+
+// A preempted task's checkpoint directory reaches only its own pods,
+// through NRI at container creation: a pod of another namespace claiming
+// the same task id gets nothing, the first pod of the task to start after
+// the kill (the one resuming it) may write it, a second pod of the task
+// only reads it, and a pod of no preempted task gets nothing. gpud on the
+// host, containerd's NRI, kubelet and the pods are real.
+func TestCheckpointMountOnlyForTheTaskThroughNRI(t *testing.T) {
+	dev, gpu := fakeGPU(t)
+	ckpt := filepath.Join(t.TempDir(), "checkpoints")
+	state := startHostGpud(t, dev, "--kubeconfig", env(t, "KUBECONFIG"), "--node-name", env(t, "NODE_NAME"),
+		"--reclaim", "evict", "--nri-socket", env(t, "NRI_SOCK"), "--checkpoint-root", ckpt)
+	log := filepath.Join(filepath.Dir(state), "gpud.log")
+	testutil.Eventually(t, 20*time.Second, "gpud registers with containerd's NRI", func() bool {
+		b, _ := os.ReadFile(log)
+		return strings.Contains(string(b), "NRI plugin registered")
+	})
+	mustKubectl(t, "create", "namespace", "ckother")
+	t.Cleanup(func() { kubectl(t, "delete", "namespace", "ckother", "--wait=false") })
+
+	// The task is preempted: a high pod's open kills the low pod of task
+	// train-42, whose notice gpud writes into the task's directory.
+	holders := fileHolders(state)
+	taskPod(t, "ckvictim", "default", "low", "train-42", gpu)
+	victimPID := hold(t, holders, "ckvictim")
+	gpuPod(t, "ckhigh", "high", gpu)
+	hold(t, holders, "ckhigh")
+	testutil.Eventually(t, 10*time.Second, "the low pod's process is dead", func() bool { return !testutil.Alive(victimPID) })
+	notice := filepath.Join(ckpt, "train-42", preempt.CheckpointFile)
+	testutil.Eventually(t, 10*time.Second, "the checkpoint notice is written", func() bool { _, err := os.Stat(notice); return err == nil })
+
+	inside := func(ns, pod string) string {
+		t.Helper()
+		out, _ := kubectl(t, "-n", ns, "exec", pod, "--", "sh", "-c",
+			`echo "env=$GPUD_RESUME_FROM"; cat /gpud-checkpoint/gpud-preempted.json >/dev/null 2>&1 && echo read; touch /gpud-checkpoint/w-$HOSTNAME 2>/dev/null && echo wrote; true`)
+		return strings.ReplaceAll(out, "\n", " ")
+	}
+	// Another tenant's pod labelled with the task id, first in line: nothing.
+	taskPod(t, "ckstranger", "ckother", "", "train-42", "")
+	if got := inside("ckother", "ckstranger"); got != "env=" {
+		t.Errorf("a pod of another namespace claiming the task: %q, want no mount", got)
+	}
+	// The first pod of the task in its namespace resumes it: read-write.
+	taskPod(t, "ckresumer", "default", "", "train-42", "")
+	if got := inside("default", "ckresumer"); got != "env=/gpud-checkpoint read wrote" {
+		t.Errorf("the resuming pod: %q, want the directory read-write", got)
+	}
+	// A second pod of the task: read-only.
+	taskPod(t, "ckreplica", "default", "", "train-42", "")
+	if got := inside("default", "ckreplica"); got != "env=/gpud-checkpoint read" {
+		t.Errorf("a second pod of the task: %q, want the directory read-only", got)
+	}
+	// A pod of a task gpud never preempted: nothing.
+	taskPod(t, "ckplain", "default", "", "train-43", "")
+	if got := inside("default", "ckplain"); got != "env=" {
+		t.Errorf("a pod of another task: %q, want no mount", got)
+	}
+	// What the resuming pod wrote is there on the host; nothing else was.
+	ents, _ := os.ReadDir(filepath.Join(ckpt, "train-42"))
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	if len(names) != 2 || !slices.Contains(names, preempt.CheckpointFile) || !slices.Contains(names, "w-ckresumer") {
+		t.Errorf("the task's directory holds %v, want the notice and the resuming pod's file", names)
+	}
 }

@@ -86,7 +86,8 @@ func TestOwnerActiveOnNVMLTakesLentGPUBack(t *testing.T) {
 	testutil.Eventually(t, 30*time.Second, "gpud registered and kubelet lists both resources", func() bool {
 		return d.Plugin().IsRegistered() && allocatable(t, "nvidia.com/gpu") == "1"
 	})
-	health := watchHealth(t, filepath.Join(env(t, "DEVICE_PLUGINS_DIR"), "gpud.sock"))
+	// With NVML gpud names the lent GPU by its UUID, as NVIDIA's plugin does.
+	health := watchHealth(t, filepath.Join(env(t, "DEVICE_PLUGINS_DIR"), "gpud.sock"), lib.Devices[0].(*dgxa100.Device).UUID)
 
 	resourcePod(t, "nvowner", "nvidia.com/gpu")
 	mustKubectl(t, "wait", "--for=condition=Ready", "pod/nvowner", "--timeout=60s")

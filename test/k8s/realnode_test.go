@@ -3,10 +3,8 @@
 package k8s
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,7 +13,6 @@ import (
 	"time"
 
 	v1 "github.com/gpud/gpud/api/v1"
-	"github.com/gpud/gpud/internal/deviceplugin"
 	"github.com/gpud/gpud/internal/preempt"
 	"github.com/gpud/gpud/internal/testutil"
 )
@@ -23,19 +20,6 @@ import (
 // realNodeUUID is the fake GPU's UUID, as NVML (the double) and the
 // stand-in for NVIDIA's device plugin name it.
 const realNodeUUID = "GPU-3f2b9c41-7d0e-4a55-9c1e-5b8d2f6a7e10"
-
-// startUUIDStandin serves a stand-in for NVIDIA's device plugin as it
-// behaves: resource nvidia.com/gpu, the device named by the GPU's UUID.
-func startUUIDStandin(t *testing.T, gpu string) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	standin := &deviceplugin.Plugin{ResourceName: "nvidia.com/gpu", KubeletDir: env(t, "DEVICE_PLUGINS_DIR"),
-		Endpoint: "test-nvidia-uuid.sock", Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
-		Backend: &deviceplugin.Static{Nodes: map[string]string{realNodeUUID: gpu}, ContainerPath: map[string]string{realNodeUUID: "/dev/nvidia0"}}}
-	done := make(chan struct{})
-	go func() { standin.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
-}
 
 // agent runs a root process on the host named like one of NVIDIA's
 // agents (its comm is the executable's name, cut to 15 bytes), running
@@ -90,7 +74,7 @@ func waitHostState(t *testing.T, d time.Duration, what string, ok func(*v1.State
 }
 
 // The realistic node: NVIDIA's agents hold and probe the GPU, NVIDIA's
-// device plugin names it by UUID, and gpud runs in its pod from the chart
+// device plugin names it by UUID (its node injected by CDI), and gpud runs in its pod from the chart
 // with the host's driver root mounted, loading libnvidia-ml (the NVML
 // double) from it. With --default-priority low: the agents are shown,
 // never holders, never killed or refused; the owner's GPU goes idle and is
@@ -110,7 +94,10 @@ func TestRealNodeFixture(t *testing.T) {
 	probes := filepath.Join(bin, "probes")
 	gfd := agent(t, bin, "gpu-feature-discovery", gpu,
 		`n=0; while :; do if { exec 3<>"$GPU"; } 2>/dev/null; then exec 3>&-; n=$((n+1)); echo $n >`+probes+`.tmp; mv `+probes+`.tmp `+probes+`; fi; read -t 1; done`)
-	startUUIDStandin(t, gpu)
+	// NVIDIA's device plugin on a CDI-native stack: devices by UUID, the
+	// node injected by the runtime's CDI spec.
+	writeCDISpec(t, realNodeUUID, gpu)
+	startUUIDStandin(t, realNodeUUID)
 
 	deployChart(t, dev, "devicePlugin.enabled=true", "hostPaths.podResources="+filepath.Join(env(t, "KUBELET_ROOT"), "pod-resources"),
 		"hostPaths.driverRoot="+root, "gpud.idleAfter=3s", "gpud.defaultPriority=low", "devicePlugin.lendMinFreeMemory=4Gi")
@@ -181,8 +168,10 @@ spec:
 	resourcePod(t, "rnborrower", "gpud.io/idle-gpu")
 	mustKubectl(t, "wait", "--for=condition=Ready", "pod/rnborrower", "--timeout=60s")
 	borrowerPID := hold(t, holders, "rnborrower")
-	if out, err := kubectl(t, "exec", "rnborrower", "--", "sh", "-c", "echo $NVIDIA_VISIBLE_DEVICES"); err != nil || out != realNodeUUID {
-		t.Errorf("the borrower's NVIDIA_VISIBLE_DEVICES = %q (%v), want the GPU's UUID", out, err)
+	// The borrower's contract: the GPU by UUID, and its CDI device (the
+	// variable only the CDI spec sets).
+	if out, err := kubectl(t, "exec", "rnborrower", "--", "sh", "-c", "echo $NVIDIA_VISIBLE_DEVICES $NVIDIA_CDI_INJECTED"); err != nil || out != realNodeUUID+" "+realNodeUUID {
+		t.Errorf("inside the borrower: %q (%v), want NVIDIA_VISIBLE_DEVICES and the CDI-injected variable both the GPU's UUID", out, err)
 	}
 
 	// The owner computes again: an NVML sample, no new open.
@@ -252,4 +241,3 @@ func grepLines(s, sub string) string {
 	}
 	return strings.Join(out, "\n")
 }
-

@@ -24,7 +24,6 @@ import (
 	v1 "github.com/gpud/gpud/api/v1"
 	"github.com/gpud/gpud/internal/deviceplugin"
 	"github.com/gpud/gpud/internal/occupancy"
-	"github.com/gpud/gpud/internal/preempt"
 	"github.com/gpud/gpud/internal/workload"
 	corev1 "k8s.io/api/core/v1"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
@@ -61,11 +60,6 @@ type PodResources interface {
 	List(ctx context.Context) (map[string][]deviceplugin.PodDevices, error)
 }
 
-// Records are the preemption records (*preempt.Journal).
-type Records interface {
-	Recent() []preempt.Record
-}
-
 // Pods is the API server's view of this node's pods (nil without one).
 type Pods interface {
 	Requesting(resource corev1.ResourceName) []*corev1.Pod
@@ -78,13 +72,15 @@ type Events interface {
 
 // Config is what the lender is told.
 type Config struct {
-	Resource       string // the lent resource, gpud.io/idle-gpu
-	OwnerResource  string // the resource through which owners hold GPUs, e.g. nvidia.com/gpu
-	LendFree       bool   // lend GPUs nobody holds, not only idle ones
-	DevDir         string // gpud's view of the device nodes
-	HostDevDir     string // the host's, for a gpud in a pod; "" = DevDir
-	CheckpointRoot string // checkpoint directories of preempted tasks; "" = none
-	GPUs           []occupancy.GPU
+	Resource      string // the lent resource, gpud.io/idle-gpu
+	OwnerResource string // the resource through which owners hold GPUs, e.g. nvidia.com/gpu
+	LendFree      bool   // lend GPUs nobody holds, not only idle ones
+	DevDir        string // gpud's view of the device nodes
+	HostDevDir    string // the host's, for a gpud in a pod; "" = DevDir
+	// CDIKind names lent GPUs to a CDI-enabled runtime as CDIKind=<UUID>
+	// (NVIDIA's kind is nvidia.com/gpu); "" gives no CDI device.
+	CDIKind string
+	GPUs    []occupancy.GPU
 	// MinFreeMemory: a GPU is lendable only with this much memory free
 	// (bytes; not applied where NVML does not report memory).
 	MinFreeMemory uint64
@@ -105,7 +101,6 @@ type Lender struct {
 	classes      Classes
 	gate         Gate
 	podResources PodResources
-	records      Records
 	// ProcInfo identifies a process NVML names that the ledger does not hold.
 	ProcInfo func(pid int) (occupancy.ProcInfo, error)
 	// Changed is called when owners or borrowers changed: holders are
@@ -155,8 +150,8 @@ func (p podRef) String() string {
 
 // New returns a lender; Changed, ProcInfo, Pods, Events and Log may be
 // set before Run.
-func New(cfg Config, ledger Ledger, classes Classes, gate Gate, pr PodResources, records Records) *Lender {
-	return &Lender{cfg: cfg, ledger: ledger, classes: classes, gate: gate, podResources: pr, records: records,
+func New(cfg Config, ledger Ledger, classes Classes, gate Gate, pr PodResources) *Lender {
+	return &Lender{cfg: cfg, ledger: ledger, classes: classes, gate: gate, podResources: pr,
 		Log: slog.Default(), kick: make(chan struct{}, 1), synced: make(chan struct{}), last: map[string]bool{}, owners: map[int]podRef{}, borrowers: map[int]podRef{},
 		pending: map[int]time.Time{}, overrides: map[string]struct{}{}, reported: map[string]bool{}, takenBack: map[int]bool{},
 		ownerMemory: map[int]uint64{}}
@@ -165,12 +160,45 @@ func New(cfg Config, ledger Ledger, classes Classes, gate Gate, pr PodResources,
 // Resource is the lent resource's name.
 func (l *Lender) Resource() string { return l.cfg.Resource }
 
-// deviceID names GPU g to kubelet.
-func deviceID(g occupancy.GPU) string { return "gpu-" + strconv.Itoa(g.Index) }
+// deviceID names GPU g to kubelet: its UUID when NVML gave one, as
+// NVIDIA's plugin names it (PodResources readers, such as monitoring
+// agents, then see the same name for the GPU under both resources), else
+// gpu-N after its node /dev/nvidiaN.
+func deviceID(g occupancy.GPU) string {
+	if validUUID(g.UUID) {
+		return g.UUID
+	}
+	return indexID(g)
+}
 
-func gpuOfDevice(id string) (int, bool) {
-	n, err := strconv.Atoi(strings.TrimPrefix(id, "gpu-"))
-	return n, err == nil && strings.HasPrefix(id, "gpu-")
+// indexID is gpud's own name of a GPU, gpu-N: the device ID without NVML.
+func indexID(g occupancy.GPU) string { return "gpu-" + strconv.Itoa(g.Index) }
+
+// gpuOfDevice maps a device ID of the lent resource back to a GPU index:
+// the UUID or gpu-N, whichever this gpud or an earlier one (with or
+// without NVML) listed; kubelet keeps the IDs of running pods across
+// gpud restarts.
+func (l *Lender) gpuOfDevice(id string) (int, bool) {
+	for _, g := range l.cfg.GPUs {
+		if (g.UUID != "" && id == g.UUID) || id == indexID(g) {
+			return g.Index, true
+		}
+	}
+	return 0, false
+}
+
+// validUUID: a UUID gpud may use as a device ID, an environment value and
+// a CDI device name (letters, digits and -, bounded), whatever NVML said.
+func validUUID(u string) bool {
+	if u == "" || len(u) > 128 {
+		return false
+	}
+	for _, c := range u {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-') {
+			return false
+		}
+	}
+	return true
 }
 
 // lendable reports whether a GPU in this state may be lent now.
@@ -255,7 +283,7 @@ func (l *Lender) Allocate(ids []string) (*pluginapi.ContainerAllocateResponse, e
 	r.Envs = map[string]string{}
 	var visible, indexes, owners []string
 	for _, id := range ids {
-		idx, ok := gpuOfDevice(id)
+		idx, ok := l.gpuOfDevice(id)
 		g, known := byIdx[idx]
 		if !ok || !known {
 			return nil, fmt.Errorf("%w: unknown device %q", deviceplugin.ErrRefused, id)
@@ -265,22 +293,15 @@ func (l *Lender) Allocate(ids []string) (*pluginapi.ContainerAllocateResponse, e
 		}
 		r.Devices = append(r.Devices, &pluginapi.DeviceSpec{
 			HostPath: l.hostPath(g.Device), ContainerPath: "/dev/nvidia" + strconv.Itoa(idx), Permissions: "rw"})
-		if g.UUID != "" {
-			visible = append(visible, g.UUID)
-		} else {
-			visible = append(visible, strconv.Itoa(idx))
+		visible = append(visible, visibleName(g.GPU))
+		// A CDI-enabled runtime (the GPU Operator's default since 25.10)
+		// injects the driver's libraries for the device NVIDIA's spec
+		// names by UUID; a runtime without CDI ignores the field.
+		if l.cfg.CDIKind != "" && validUUID(g.UUID) {
+			r.CdiDevices = append(r.CdiDevices, &pluginapi.CDIDevice{Name: l.cfg.CDIKind + "=" + g.UUID})
 		}
 		indexes = append(indexes, strconv.Itoa(idx))
 		owners = append(owners, l.ownerOf(idx, g))
-		// the resume point: the task last preempted from this GPU and not resumed yet
-		// gets its checkpoint directory back (kubelet does not tell Allocate
-		// which pod asks).
-		if task := l.resumableTask(idx); task != "" && l.cfg.CheckpointRoot != "" {
-			if dir, err := preempt.TaskDir(l.cfg.CheckpointRoot, task); err == nil {
-				r.Mounts = append(r.Mounts, &pluginapi.Mount{ContainerPath: "/gpud-checkpoint", HostPath: dir})
-				r.Envs["GPUD_RESUME_FROM"] = "/gpud-checkpoint"
-			}
-		}
 		l.mu.Lock()
 		l.pending[idx] = time.Now()
 		delete(l.takenBack, idx)
@@ -302,6 +323,19 @@ func (l *Lender) Allocate(ids []string) (*pluginapi.ContainerAllocateResponse, e
 	l.gate.Sync()
 	go l.refresh(context.Background()) // the borrower shows in PodResources once admitted
 	return &r, nil
+}
+
+// visibleName names a GPU in NVIDIA_VISIBLE_DEVICES, which NVIDIA's
+// runtime reads as a UUID or an NVML index: the UUID, else NVML's index,
+// else (no NVML) gpud's index, the same number on most machines.
+func visibleName(g occupancy.GPU) string {
+	switch {
+	case validUUID(g.UUID):
+		return g.UUID
+	case g.NVMLIndex != nil:
+		return strconv.Itoa(*g.NVMLIndex)
+	}
+	return strconv.Itoa(g.Index)
 }
 
 // hostPath turns a node in gpud's --dev-dir into its path on the host
@@ -333,20 +367,6 @@ func (l *Lender) ownerOf(idx int, g occupancy.GPUView) string {
 	return ""
 }
 
-func (l *Lender) resumableTask(gpu int) string {
-	recs := l.records.Recent()
-	for i := len(recs) - 1; i >= 0; i-- {
-		r := recs[i]
-		if r.GPU == gpu && r.Action == preempt.ActionKill && r.Victim.TaskID != "" {
-			if r.ResumedAt == nil {
-				return r.Victim.TaskID
-			}
-			return ""
-		}
-	}
-	return ""
-}
-
 // refresh reads owners and borrowers from PodResources and forces their
 // classes: a borrower is low priority whatever its label, an owner high
 // (so that the owner's open preempts its borrower through the rules).
@@ -362,7 +382,7 @@ func (l *Lender) refresh(ctx context.Context) {
 	owners, borrowers := map[int]podRef{}, map[int]podRef{}
 	for _, p := range alloc[l.cfg.Resource] {
 		for _, id := range p.DeviceIDs {
-			if idx, ok := gpuOfDevice(id); ok {
+			if idx, ok := l.gpuOfDevice(id); ok {
 				borrowers[idx] = l.ref(p)
 			}
 		}
@@ -462,15 +482,20 @@ func (l *Lender) ref(p deviceplugin.PodDevices) podRef {
 }
 
 // gpuOfOwnerDevice maps another plugin's device ID to a GPU: NVIDIA's
-// plugin uses GPU UUIDs, and with time-slicing or MPS sharing replica IDs
-// "UUID::n" (every replica is that GPU); an index or "nvidiaN" is
-// accepted too.
+// plugin uses GPU UUIDs (its default device-id-strategy), and with
+// time-slicing or MPS sharing replica IDs "UUID::n" (every replica is that
+// GPU); its index strategy uses NVML's index, which is gpud's own only
+// when NVML is unavailable; "nvidiaN" and gpu-N name the node.
 func (l *Lender) gpuOfOwnerDevice(id string) (int, bool) {
 	if uuid, replica, ok := strings.Cut(id, "::"); ok && uuid != "" && replica != "" {
 		id = uuid
 	}
 	for _, g := range l.cfg.GPUs {
-		if (g.UUID != "" && id == g.UUID) || id == strconv.Itoa(g.Index) || id == "nvidia"+strconv.Itoa(g.Index) || id == deviceID(g) {
+		index := g.Index
+		if g.NVMLIndex != nil {
+			index = *g.NVMLIndex
+		}
+		if (g.UUID != "" && id == g.UUID) || id == strconv.Itoa(index) || id == "nvidia"+strconv.Itoa(g.Index) || id == indexID(g) {
 			return g.Index, true
 		}
 	}

@@ -13,7 +13,6 @@ import (
 
 	"github.com/gpud/gpud/internal/deviceplugin"
 	"github.com/gpud/gpud/internal/occupancy"
-	"github.com/gpud/gpud/internal/preempt"
 	"github.com/gpud/gpud/internal/workload"
 )
 
@@ -86,10 +85,6 @@ func (f *fakePodResources) set(alloc map[string][]deviceplugin.PodDevices) {
 	f.mu.Unlock()
 }
 
-type noRecords struct{}
-
-func (noRecords) Recent() []preempt.Record { return nil }
-
 type fixture struct {
 	l       *Lender
 	ledger  *occupancy.Ledger
@@ -121,7 +116,7 @@ func newFixture(t *testing.T) *fixture {
 	f.ledger.AddFD(f.owner, 0, 3, time.Now().Add(-2*time.Minute))
 	f.ledger.Refresh(time.Now())
 	f.l = New(Config{Resource: "gpud.io/idle-gpu", OwnerResource: "nvidia.com/gpu", DevDir: t.TempDir(),
-		HostDevDir: "/host/dev", GPUs: gpus}, f.ledger, f.reg, f.gate, f.pr, noRecords{})
+		HostDevDir: "/host/dev", CDIKind: "nvidia.com/gpu", GPUs: gpus}, f.ledger, f.reg, f.gate, f.pr)
 	f.l.Log = slog.New(slog.DiscardHandler)
 	f.l.Changed = func() { f.changed++; f.ledger.Reclassify(f.reg.ClassifyProc) }
 	return f
@@ -131,7 +126,7 @@ func newFixture(t *testing.T) *fixture {
 func (f *fixture) lend(t *testing.T) {
 	t.Helper()
 	f.pr.set(map[string][]deviceplugin.PodDevices{
-		"gpud.io/idle-gpu": {{Namespace: "default", Name: "borrower", DeviceIDs: []string{"gpu-0"}}},
+		"gpud.io/idle-gpu": {{Namespace: "default", Name: "borrower", DeviceIDs: []string{"GPU-aaa"}}},
 		"nvidia.com/gpu":   {{Namespace: "default", Name: "owner", DeviceIDs: []string{"GPU-aaa"}}},
 	})
 	f.l.refresh(context.Background())
@@ -146,8 +141,8 @@ func TestDevicesHealthyWhileLendable(t *testing.T) {
 	for _, d := range f.l.Devices() {
 		health[d.ID] = d.Healthy
 	}
-	if !health["gpu-0"] || health["gpu-1"] {
-		t.Fatalf("health %v: want the idle GPU 0 healthy and the free GPU 1 not (no --lend-free)", health)
+	if !health["GPU-aaa"] || health["GPU-bbb"] || len(health) != 2 {
+		t.Fatalf("health %v: want the idle GPU 0 (GPU-aaa) healthy and the free GPU 1 (GPU-bbb) not (no --lend-free)", health)
 	}
 	f.l.cfg.LendFree = true
 	for _, d := range f.l.Devices() {
@@ -159,7 +154,7 @@ func TestDevicesHealthyWhileLendable(t *testing.T) {
 
 func TestAllocate(t *testing.T) {
 	f := newFixture(t)
-	for _, ids := range [][]string{{"gpu-1"}, {"gpu-9"}, {"nvidia0"}} {
+	for _, ids := range [][]string{{"gpu-1"}, {"GPU-bbb"}, {"gpu-9"}, {"nvidia0"}, {"GPU-ccc"}, {"GPU-aaa::1"}} {
 		if _, err := f.l.Allocate(ids); !errors.Is(err, deviceplugin.ErrRefused) {
 			t.Errorf("Allocate(%v) = %v, want ErrRefused", ids, err)
 		}
@@ -167,7 +162,7 @@ func TestAllocate(t *testing.T) {
 	if f.l.IsLent(1) {
 		t.Fatal("a refused allocation left GPU 1 lent")
 	}
-	r, err := f.l.Allocate([]string{"gpu-0"})
+	r, err := f.l.Allocate([]string{"GPU-aaa"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -180,8 +175,13 @@ func TestAllocate(t *testing.T) {
 			t.Errorf("env %s = %q, want %q", k, r.Envs[k], v)
 		}
 	}
-	if _, ok := r.Envs["GPUD_RESUME_FROM"]; ok {
-		t.Error("a resume mount without a checkpoint root")
+	if len(r.CdiDevices) != 1 || r.CdiDevices[0].Name != "nvidia.com/gpu=GPU-aaa" {
+		t.Errorf("CDI devices %v, want nvidia.com/gpu=GPU-aaa", r.CdiDevices)
+	}
+	// The checkpoint directory is NRI's to mount, for the task's own
+	// containers: Allocate does not know the pod.
+	if len(r.Mounts) != 0 || r.Envs["GPUD_RESUME_FROM"] != "" {
+		t.Errorf("Allocate mounts %v, GPUD_RESUME_FROM %q", r.Mounts, r.Envs["GPUD_RESUME_FROM"])
 	}
 	// The gate hears of the loan before Allocate returns (before kubelet
 	// starts the borrower), and the GPU counts as lent until PodResources
@@ -348,7 +348,7 @@ func TestAgentsDoNotBlockLending(t *testing.T) {
 	for _, d := range f.l.Devices() {
 		health[d.ID] = d.Healthy
 	}
-	if !health["gpu-0"] || health["gpu-1"] {
+	if !health["GPU-aaa"] || health["GPU-bbb"] {
 		t.Fatalf("health %v: want GPU 0 lendable (idle: the agent's open is no activity) and GPU 1 free", health)
 	}
 	r, err := f.l.Allocate([]string{"gpu-0"})
@@ -360,13 +360,60 @@ func TestAgentsDoNotBlockLending(t *testing.T) {
 	}
 }
 
+// Without NVML (no UUID) a GPU is gpu-N, NVIDIA_VISIBLE_DEVICES its index
+// and no CDI device is named; a UUID NVML gave that is not a plain name
+// is not used either. Either name maps back to the GPU (kubelet keeps the
+// IDs a gpud with or without NVML listed), and --cdi-kind "" names no CDI
+// device.
+func TestDeviceNamesWithoutUUID(t *testing.T) {
+	two := 2
+	gpus := []occupancy.GPU{
+		{Index: 0, Device: "/dev/nvidia0", Major: 195, Minor: 0},
+		{Index: 1, Device: "/dev/nvidia1", Major: 195, Minor: 1, NVMLIndex: &two, UUID: "GPU-x/../y"},
+		{Index: 3, UUID: "GPU-ddd", Device: "/dev/nvidia3", Major: 195, Minor: 3},
+	}
+	ledger := occupancy.NewLedger(gpus, time.Minute)
+	reg := &workload.Registry{Default: occupancy.Unmanaged}
+	l := New(Config{Resource: "gpud.io/idle-gpu", OwnerResource: "nvidia.com/gpu", DevDir: t.TempDir(), LendFree: true,
+		CDIKind: "nvidia.com/gpu", GPUs: gpus}, ledger, reg, &fakeGate{ledger: ledger}, &fakePodResources{})
+	l.Log = slog.New(slog.DiscardHandler)
+	var ids []string
+	for _, d := range l.Devices() {
+		ids = append(ids, d.ID)
+	}
+	if !slices.Equal(ids, []string{"gpu-0", "gpu-1", "GPU-ddd"}) {
+		t.Fatalf("device IDs %q", ids)
+	}
+	for id, want := range map[string]int{"gpu-0": 0, "gpu-1": 1, "GPU-ddd": 3, "gpu-3": 3, "GPU-x/../y": 1, "0": -1, "GPU-ddd::0": -1, "gpu-2": -1} {
+		got, ok := l.gpuOfDevice(id)
+		if !ok {
+			got = -1
+		}
+		if got != want {
+			t.Errorf("lent device %q: GPU %d, want %d", id, got, want)
+		}
+	}
+	r, err := l.Allocate([]string{"gpu-0", "gpu-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// GPU 1's NVML index (2) is what NVIDIA's runtime reads, not gpud's 1.
+	if r.Envs["NVIDIA_VISIBLE_DEVICES"] != "0,2" || r.Envs["GPUD_GPU"] != "0,1" || len(r.CdiDevices) != 0 {
+		t.Errorf("without UUIDs: env %v, CDI %v", r.Envs, r.CdiDevices)
+	}
+	l.cfg.CDIKind = ""
+	if r, err := l.Allocate([]string{"gpu-3"}); err != nil || r.Envs["NVIDIA_VISIBLE_DEVICES"] != "GPU-ddd" || len(r.CdiDevices) != 0 {
+		t.Errorf("--cdi-kind \"\": env %v, CDI %v, %v", r.GetEnvs(), r.GetCdiDevices(), err)
+	}
+}
+
 // Owners' device IDs as NVIDIA's device plugin names them: the GPU's UUID,
 // a replica of it under time-slicing or MPS ("UUID::n"), and the index
 // forms; anything else names no GPU.
 func TestOwnerDeviceIDs(t *testing.T) {
 	f := newFixture(t)
 	for id, want := range map[string]int{
-		"GPU-aaa": 0, "GPU-bbb": 1, "GPU-bbb::0": 1, "GPU-aaa::7": 0, "1": 1, "nvidia0": 0,
+		"GPU-aaa": 0, "GPU-bbb": 1, "GPU-bbb::0": 1, "GPU-aaa::7": 0, "1": 1, "nvidia0": 0, "gpu-1": 1,
 		"GPU-ccc": -1, "GPU-ccc::1": -1, "GPU-aaa::": -1, "::1": -1, "GPU-aa": -1, "": -1,
 	} {
 		got, ok := f.l.gpuOfOwnerDevice(id)
@@ -386,11 +433,11 @@ func TestLendableNeedsHealthAndFreeMemory(t *testing.T) {
 	f.l.cfg.MinFreeMemory = 4 << 30
 	healthy := func() bool {
 		for _, d := range f.l.Devices() {
-			if d.ID == "gpu-0" {
+			if d.ID == "GPU-aaa" { // GPU 0, named by its UUID
 				return d.Healthy
 			}
 		}
-		t.Fatal("no gpu-0")
+		t.Fatal("no GPU-aaa")
 		return false
 	}
 	why := func() string {

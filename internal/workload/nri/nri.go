@@ -52,6 +52,10 @@ type Plugin struct {
 	CgroupRoot string // cgroup v2 mount, where kubelet makes pod cgroups
 	Log        *slog.Logger
 	Retry      time.Duration // wait before reconnecting; 0 means 1 s
+	// Checkpoint, when set, names the checkpoint directory (its path on
+	// the host) a container of the pod gets at CheckpointPath, and whether
+	// read-only; ok false: none (preempt.Checkpoints decides).
+	Checkpoint func(podUID, namespace, taskID string) (dir string, readOnly, ok bool)
 
 	Connected  atomic.Bool   // registered with the runtime now
 	Classified atomic.Uint64 // pods put in the registry from NRI requests
@@ -153,12 +157,50 @@ func (p *Plugin) RunPodSandbox(_ context.Context, pod *api.PodSandbox) error {
 	return nil // never fail a pod's creation
 }
 
+// CheckpointPath is where a task's checkpoint directory appears in its
+// containers; GPUD_RESUME_FROM names it.
+const CheckpointPath = "/gpud-checkpoint"
+
 // CreateContainer classifies the container's pod again before the
 // container exists: it covers a pod whose RunPodSandbox came before gpud
-// connected, or whose labels changed.
-func (p *Plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, _ *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
+// connected, or whose labels changed. A container of a preempted task gets
+// the task's checkpoint directory (NRI is where gpud knows which pod a
+// container is; the device plugin's Allocate does not).
+func (p *Plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
 	p.classify(pod)
-	return nil, nil, nil
+	return p.checkpointMount(pod, ctr), nil, nil
+}
+
+// checkpointMount is the adjustment that mounts the pod's task's
+// checkpoint directory, or nil.
+func (p *Plugin) checkpointMount(pod *api.PodSandbox, ctr *api.Container) *api.ContainerAdjustment {
+	uid := pod.GetUid()
+	if p.Checkpoint == nil || !cgroups.ValidPodUID(uid) {
+		return nil
+	}
+	dir, ro, ok := p.Checkpoint(uid, pod.GetNamespace(), TaskID(pod))
+	if !ok {
+		return nil
+	}
+	opts := []string{"rbind", "nosuid", "nodev", "rw"}
+	if ro {
+		opts[3] = "ro"
+	}
+	adj := &api.ContainerAdjustment{}
+	adj.AddMount(&api.Mount{Destination: CheckpointPath, Source: dir, Type: "bind", Options: opts})
+	adj.AddEnv("GPUD_RESUME_FROM", CheckpointPath)
+	p.Log.Info("checkpoint directory mounted", "pod", pod.GetNamespace()+"/"+pod.GetName(), "container", ctr.GetName(),
+		"task_id", TaskID(pod), "read_only", ro)
+	return adj
+}
+
+// TaskID is a pod's task: its gpud.io/task-id label, else namespace/name
+// (as the other pod sources name it).
+func TaskID(pod *api.PodSandbox) string {
+	if id := pod.GetLabels()[workload.LabelTaskID]; id != "" {
+		return id
+	}
+	return pod.GetNamespace() + "/" + pod.GetName()
 }
 
 // RemovePodSandbox forgets a pod whose sandbox is gone.
@@ -202,12 +244,9 @@ func (p *Plugin) put(pod *api.PodSandbox) {
 	labels := pod.GetLabels()
 	w := workload.Workload{
 		PodUID: uid, Namespace: pod.GetNamespace(), Name: pod.GetName(),
-		TaskID: labels[workload.LabelTaskID],
+		TaskID: TaskID(pod),
 	}
 	w.Priority, w.Agent = p.Registry.ClassifyPod(uid, w.Namespace, labels)
-	if w.TaskID == "" {
-		w.TaskID = w.Namespace + "/" + w.Name
-	}
 	qos := QOSClass(pod.GetLinux().GetCgroupParent())
 	w.CgroupID = cgroups.PodID(p.CgroupRoot, uid, qos)
 	p.Registry.Expect(workload.PodKey(uid), cgroups.PodLeafNames(uid, qos))

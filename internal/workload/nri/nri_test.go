@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -261,5 +262,87 @@ func TestQOSClass(t *testing.T) {
 		if got := QOSClass(parent); got != want {
 			t.Errorf("QOSClass(%q) = %q, want %q", parent, got, want)
 		}
+	}
+}
+
+// A container of a preempted task gets its checkpoint directory from
+// CreateContainer (read-only or not, as the policy says) and
+// GPUD_RESUME_FROM; other containers get nothing. What the runtime receives
+// is the adjustment it applies.
+func TestCreateContainerMountsTheTaskCheckpoint(t *testing.T) {
+	socketOwner = uint32(os.Getuid())
+	sock := filepath.Join(t.TempDir(), "nri.sock")
+	root := t.TempDir()
+	const (
+		ownUID   = "11111111-2222-3333-4444-000000000001"
+		readUID  = "11111111-2222-3333-4444-000000000002"
+		otherUID = "11111111-2222-3333-4444-000000000003"
+	)
+	type ask struct{ uid, ns, task string }
+	var asked []ask
+	reg := &workload.Registry{Default: occupancy.Unmanaged}
+	r := runtime(t, sock, nil)
+	p := &Plugin{Socket: sock, Registry: reg, CgroupRoot: root, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Retry: 20 * time.Millisecond,
+		Checkpoint: func(uid, ns, task string) (string, bool, bool) {
+			asked = append(asked, ask{uid, ns, task})
+			switch uid {
+			case ownUID:
+				return "/ckpt/train-42", false, true
+			case readUID:
+				return "/ckpt/train-42", true, true
+			}
+			return "", false, false
+		}}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { p.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	testutil.Eventually(t, 10*time.Second, "gpud registers with the runtime", p.Connected.Load)
+
+	create := func(uid string, labels map[string]string) *adaptation.ContainerAdjustment {
+		t.Helper()
+		podDir(t, root, "besteffort", uid)
+		sb := sandbox(uid, "besteffort", "low")
+		for k, v := range labels {
+			sb.Labels[k] = v
+		}
+		resp, err := r.CreateContainer(context.Background(), &adaptation.CreateContainerRequest{Pod: sb,
+			Container: &adaptation.Container{Id: "c-" + uid[len(uid)-4:], PodSandboxId: sb.Id, Name: "main"}})
+		if err != nil {
+			t.Fatalf("CreateContainer: %v", err)
+		}
+		return resp.GetAdjust()
+	}
+	mountOf := func(adj *adaptation.ContainerAdjustment) (*adaptation.Mount, string) {
+		var m *adaptation.Mount
+		for _, x := range adj.GetMounts() {
+			if x.Destination == CheckpointPath {
+				m = x
+			}
+		}
+		env := ""
+		for _, e := range adj.GetEnv() {
+			if e.Key == "GPUD_RESUME_FROM" {
+				env = e.Value
+			}
+		}
+		return m, env
+	}
+	m, env := mountOf(create(ownUID, map[string]string{workload.LabelTaskID: "train-42"}))
+	if m == nil || m.Source != "/ckpt/train-42" || m.Type != "bind" || !slices.Contains(m.Options, "rw") || slices.Contains(m.Options, "ro") ||
+		!slices.Contains(m.Options, "nosuid") || env != CheckpointPath {
+		t.Fatalf("the owning pod's container: mount %+v, GPUD_RESUME_FROM %q", m, env)
+	}
+	m, env = mountOf(create(readUID, map[string]string{workload.LabelTaskID: "train-42"}))
+	if m == nil || !slices.Contains(m.Options, "ro") || slices.Contains(m.Options, "rw") || env != CheckpointPath {
+		t.Fatalf("another pod of the task: mount %+v, GPUD_RESUME_FROM %q, want read-only", m, env)
+	}
+	if m, env = mountOf(create(otherUID, nil)); m != nil || env != "" {
+		t.Fatalf("a pod of no preempted task: mount %+v, GPUD_RESUME_FROM %q", m, env)
+	}
+	// The policy is asked with the pod's namespace and task: the label, else namespace/name.
+	want := []ask{{ownUID, "team", "train-42"}, {readUID, "team", "train-42"}, {otherUID, "team", "team/p-" + otherUID[:8]}}
+	if !slices.Equal(asked, want) {
+		t.Errorf("asked %v, want %v", asked, want)
 	}
 }
