@@ -15,6 +15,7 @@ import (
 	v1 "github.com/gpud/gpud/api/v1"
 	"github.com/gpud/gpud/internal/preempt"
 	"github.com/gpud/gpud/internal/testutil"
+	"golang.org/x/sys/unix"
 )
 
 // realNodeUUID is the fake GPU's UUID, as NVML (the double) and the
@@ -80,12 +81,18 @@ func waitHostState(t *testing.T, d time.Duration, what string, ok func(*v1.State
 // never holders, never killed or refused; the owner's GPU goes idle and is
 // lent (not while its free memory is below the floor); the owner's compute
 // (an NVML sample, no open) takes it back, the borrower dead within 1.5 s
-// of the sample; an XID makes the GPU unhealthy and not lendable.
+// of the sample; an XID makes the GPU unhealthy and not lendable; a GPU in
+// MIG mode is left alone.
 func TestRealNodeFixture(t *testing.T) {
 	dev, gpu := fakeGPU(t)
+	// A second GPU, in MIG mode (the numbers of /dev/full).
+	if err := unix.Mknod(filepath.Join(dev, "nvidia1"), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 7))); err != nil {
+		t.Fatal(err)
+	}
 	root := t.TempDir()
 	double := testutil.NewNVMLDouble(t, filepath.Join(root, "usr/lib/x86_64-linux-gnu"),
-		testutil.NVMLGPU{Index: 0, Minor: 229, UUID: realNodeUUID, Name: "NVIDIA H100 80GB HBM3", MemoryTotal: 16 << 30})
+		testutil.NVMLGPU{Index: 0, Minor: 229, UUID: realNodeUUID, Name: "NVIDIA H100 80GB HBM3", MemoryTotal: 16 << 30},
+		testutil.NVMLGPU{Index: 1, Minor: 7, UUID: "GPU-3f2b9c41-7d0e-4a55-9c1e-5b8d2f6a7e11", Name: "NVIDIA H100 80GB HBM3", MemoryTotal: 16 << 30, MIG: true})
 
 	// NVIDIA's agents: the persistence daemon holds the GPU for good; GPU
 	// Feature Discovery opens and closes it every second, counting.
@@ -107,6 +114,10 @@ func TestRealNodeFixture(t *testing.T) {
 	})
 	if f.NVML == nil || f.NVML.Library != "/driver-root/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1" || f.GPUs[0].UUID != realNodeUUID {
 		t.Errorf("nvml %+v uuid %q: want the driver root's library and the double's UUID", f.NVML, f.GPUs[0].UUID)
+	}
+	// The MIG GPU is left alone: not managed, shown.
+	if len(f.GPUs) != 1 || len(f.LeftAlone) != 1 || f.LeftAlone[0].Device != "/host/dev/nvidia1" || !strings.Contains(f.LeftAlone[0].Reason, "MIG") {
+		t.Errorf("gpus %d, left alone %+v: want the MIG GPU nvidia1 left alone", len(f.GPUs), f.LeftAlone)
 	}
 	if len(f.GPUs[0].Holders) != 0 || f.GPUs[0].State != v1.Free {
 		t.Errorf("the agents hold the GPU: state %s, holders %+v; want free, no holder", f.GPUs[0].State, f.GPUs[0].Holders)
@@ -240,4 +251,46 @@ func grepLines(s, sub string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// gpud's pod started on a node whose driver has not made the GPU nodes yet
+// (the driver container still starting) waits, alive and not ready, and
+// works once they appear: no CrashLoopBackOff.
+func TestChartWaitsForGPUNodes(t *testing.T) {
+	dev := t.TempDir() // no nvidiaN yet
+	appeared := make(chan error, 1)
+	go func() {
+		// The pod runs and stays unready while there is no GPU.
+		var gp string
+		ok := testutil.Poll(60*time.Second, func() bool {
+			out, err := kubectl(t, "-n", "gpud-system", "get", "pod", "-l", "app.kubernetes.io/instance=gpud",
+				"-o", "jsonpath={.items[0].metadata.name} {.items[0].status.phase} {.items[0].status.containerStatuses[0].ready}")
+			f := strings.Fields(out)
+			if err != nil || len(f) != 3 || f[1] != "Running" {
+				return false
+			}
+			gp = f[0]
+			return f[2] == "false"
+		})
+		if !ok {
+			appeared <- fmt.Errorf("gpud's pod never ran unready without GPUs")
+			return
+		}
+		time.Sleep(5 * time.Second) // a few readiness probes later: still alive, no restart
+		out, _ := kubectl(t, "-n", "gpud-system", "get", "pod", gp, "-o",
+			"jsonpath={.status.containerStatuses[0].ready} {.status.containerStatuses[0].restartCount}")
+		if out != "false 0" {
+			appeared <- fmt.Errorf("without GPUs: ready, restarts = %q, want \"false 0\"", out)
+			return
+		}
+		appeared <- unix.Mknod(filepath.Join(dev, "nvidia0"), unix.S_IFCHR|0o666, int(unix.Mkdev(10, 229)))
+	}()
+	deployChart(t, dev) // returns once the pod is Ready
+	if err := <-appeared; err != nil {
+		t.Fatal(err)
+	}
+	f := waitHostState(t, 30*time.Second, "the GPU in the state file", func(f *v1.StateFile) bool { return len(f.GPUs) == 1 })
+	if f.GPUs[0].Device != "/host/dev/nvidia0" {
+		t.Errorf("GPU %+v, want /host/dev/nvidia0", f.GPUs[0])
+	}
 }
