@@ -259,6 +259,7 @@ func grepLines(s, sub string) string {
 func TestChartWaitsForGPUNodes(t *testing.T) {
 	dev := t.TempDir() // no nvidiaN yet
 	appeared := make(chan error, 1)
+	var made time.Time
 	go func() {
 		// The pod runs and stays unready while there is no GPU.
 		var gp string
@@ -283,13 +284,16 @@ func TestChartWaitsForGPUNodes(t *testing.T) {
 			appeared <- fmt.Errorf("without GPUs: ready, restarts = %q, want \"false 0\"", out)
 			return
 		}
+		made = time.Now()
 		appeared <- unix.Mknod(filepath.Join(dev, "nvidia0"), unix.S_IFCHR|0o666, int(unix.Mkdev(10, 229)))
 	}()
 	deployChart(t, dev) // returns once the pod is Ready
 	if err := <-appeared; err != nil {
 		t.Fatal(err)
 	}
-	f := waitHostState(t, 30*time.Second, "the GPU in the state file", func(f *v1.StateFile) bool { return len(f.GPUs) == 1 })
+	f := waitHostState(t, 30*time.Second, "the GPU in a state file written since it appeared", func(f *v1.StateFile) bool {
+		return len(f.GPUs) == 1 && f.UpdatedAt.After(made)
+	})
 	if f.GPUs[0].Device != "/host/dev/nvidia0" {
 		t.Errorf("GPU %+v, want /host/dev/nvidia0", f.GPUs[0])
 	}
