@@ -220,7 +220,7 @@ spec:
 	if !strings.Contains(f.GPUs[0].NotLendable, "XID 79") {
 		t.Errorf("not lendable because %q, want XID 79", f.GPUs[0].NotLendable)
 	}
-	if _, body := httpGet(t, "http://127.0.0.1:9407/metrics"); !strings.Contains(body, `gpud_gpu_healthy{UUID="`+realNodeUUID+`",gpu="0"} 0`) {
+	if _, body := httpGet(t, "http://127.0.0.1:9407/metrics"); !strings.Contains(body, `gpud_gpu_healthy{UUID="`+realNodeUUID+`",device="nvidia0",gpu="0"} 0`) {
 		t.Errorf("gpud_gpu_healthy is not 0 for the GPU:\n%s", grepLines(body, "gpud_gpu_"))
 	}
 }
