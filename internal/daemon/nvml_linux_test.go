@@ -145,8 +145,8 @@ func TestGPUHealthFromNVMLEvents(t *testing.T) {
 		t.Errorf("GPU 1 health = %+v", f.GPUs[1].Health)
 	}
 	body := scrape(t, e)
-	for _, want := range []string{`gpud_gpu_healthy{UUID="GPU-6d2a0c51-0000-4000-8000-000000000000",gpu="0"} 0`, `gpud_nvml_available 1`,
-		`gpud_gpu_memory_total_bytes{UUID="GPU-6d2a0c51-0000-4000-8000-000000000000",gpu="0"} 1.7179869184e+10`} {
+	for _, want := range []string{`gpud_gpu_healthy{UUID="GPU-6d2a0c51-0000-4000-8000-000000000000",device="nvidia0",gpu="1"} 0`, `gpud_nvml_available 1`,
+		`gpud_gpu_memory_total_bytes{UUID="GPU-6d2a0c51-0000-4000-8000-000000000000",device="nvidia0",gpu="1"} 1.7179869184e+10`} {
 		if !strings.Contains(body, want) {
 			t.Errorf("metrics lack %s", want)
 		}
