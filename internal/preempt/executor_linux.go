@@ -56,6 +56,7 @@ type Executor struct {
 
 	mu      sync.Mutex
 	susp    map[string]*suspension // frozen workloads by cgroup directory
+	held    func(gpu int) Holding  // the last Resume's
 	ctx     context.Context        // of the last Preempt, for the reclaims of frozen-too-long kills
 	killing map[int]bool
 	dead    map[deadKey]time.Time // victims killed recently: never killed (or recorded) twice

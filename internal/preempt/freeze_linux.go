@@ -198,6 +198,11 @@ func (e *Executor) freezeAll(gpu int, rule string, preemptor Party, victims []Vi
 				"cgroup", path, "freezer", g.fz.Kind, "result", result, "latency_ms", rec.LatencyMS)
 		}
 		e.mu.Lock()
+		held := e.held
+		e.mu.Unlock()
+		// Asked outside the lock: it reads the ledger and the loans.
+		s.seenHeld = held != nil && !Resumable(held(gpu))
+		e.mu.Lock()
 		if e.susp == nil {
 			e.susp = map[string]*suspension{}
 		}
@@ -247,9 +252,11 @@ func (e *Executor) recordAll(recs []Record) {
 
 // Resume thaws the suspended workloads whose GPUs are all Resumable now;
 // held says how the rule table sees a GPU's holders. Cheap when nothing
-// is suspended: call it whenever holders change.
+// is suspended: call it whenever holders change. held must read the
+// holders live: a new suspension asks it too.
 func (e *Executor) Resume(held func(gpu int) Holding) {
 	e.mu.Lock()
+	e.held = held
 	if len(e.susp) == 0 {
 		e.mu.Unlock()
 		return

@@ -202,7 +202,7 @@ func (p *Plugin) put(pod *api.PodSandbox) {
 	labels := pod.GetLabels()
 	w := workload.Workload{
 		PodUID: uid, Namespace: pod.GetNamespace(), Name: pod.GetName(),
-		TaskID: labels[workload.LabelTaskID],
+		TaskID: labels[workload.LabelTaskID], PreemptMode: labels[workload.LabelPreemptMode],
 	}
 	w.Priority, w.Agent = p.Registry.ClassifyPod(uid, w.Namespace, labels)
 	if w.TaskID == "" {
