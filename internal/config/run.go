@@ -35,11 +35,11 @@ type Run struct {
 	PreemptMode string
 	// MaxFrozen: a workload frozen this long is killed and reclaimed (0:
 	// never).
-	MaxFrozen time.Duration
-	Reclaim         string // stop | remove | evict | delete | none
-	ReservationTTL  time.Duration
-	CheckpointRoot  string
-	DockerHost      string // "" : $DOCKER_HOST or the default socket; "none" disables
+	MaxFrozen      time.Duration
+	Reclaim        string // stop | remove | evict | delete | none
+	ReservationTTL time.Duration
+	CheckpointRoot string
+	DockerHost     string // "" : $DOCKER_HOST or the default socket; "none" disables
 	// KubeConfig names the API server for pod labels; "" uses the in-cluster
 	// config when running in a pod, and no API server otherwise.
 	KubeConfig string
