@@ -172,11 +172,15 @@ func (f *Freezer) Paused() (bool, error) {
 }
 
 // WaitFrozen waits until the cgroup reports frozen, or d passes
-// (ErrFreezeTimeout). It polls with a short, growing sleep: a freeze of
-// running or sleeping tasks completes in tens of microseconds, one in an
-// uninterruptible sleep can take as long as that sleep.
+// (ErrFreezeTimeout). A freeze of running or sleeping tasks completes in
+// tens of microseconds, one of a task in an uninterruptible sleep as late
+// as that sleep ends. v2: woken by cgroup.events' notification (poll
+// POLLPRI); v1 has none: polled with a short, growing sleep.
 func (f *Freezer) WaitFrozen(d time.Duration) error {
 	deadline := time.Now().Add(d)
+	if f.Kind == FreezerV2 {
+		return f.waitEvents(deadline, d)
+	}
 	sleep := 20 * time.Microsecond
 	for {
 		ok, err := f.Frozen()
@@ -191,6 +195,37 @@ func (f *Freezer) WaitFrozen(d time.Duration) error {
 		}
 		time.Sleep(sleep)
 		sleep = min(2*sleep, time.Millisecond)
+	}
+}
+
+func (f *Freezer) waitEvents(deadline time.Time, d time.Duration) error {
+	ev, err := f.file("cgroup.events", unix.O_RDONLY)
+	if err != nil {
+		return err
+	}
+	defer ev.Close()
+	fd := int(ev.Fd())
+	buf := make([]byte, 256)
+	for {
+		// Read from the start each time: kernfs reports a change to a
+		// reader that has read the file since.
+		n, err := unix.Pread(fd, buf, 0)
+		if err != nil {
+			return fmt.Errorf("cgroups: reading %s: %w", ev.Name(), err)
+		}
+		if eventsFrozen(string(buf[:n])) {
+			return nil
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return fmt.Errorf("%w: %s after %s", ErrFreezeTimeout, f.Path, d)
+		}
+		// Bounded: a missed notification costs at most 10 ms.
+		wait := min(left, 10*time.Millisecond)
+		_, err = unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLPRI}}, int(wait.Milliseconds())+1)
+		if err != nil && err != unix.EINTR {
+			return fmt.Errorf("cgroups: polling %s: %w", ev.Name(), err)
+		}
 	}
 }
 

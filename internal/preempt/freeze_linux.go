@@ -104,18 +104,26 @@ func (e *Executor) freezeAll(gpu int, rule string, preemptor Party, victims []Vi
 	}
 	var order []string
 	groups := map[string]*group{}
-	for _, v := range victims {
+	// Each victim checked (identity, still holding, still in its
+	// workload) and its workload's freezer found, a few at once.
+	fzs := make([]*cgroups.Freezer, len(victims))
+	errs := make([]error, len(victims))
+	parallel(len(victims), func(i int) {
+		v := victims[i]
 		pidfd, err := openChecked(e.ProcRoot, v.ProcInfo)
 		if err == nil {
 			err = e.stillVictim(gpu, v)
 		}
-		var fz *cgroups.Freezer
 		if err == nil {
-			fz, err = cgroups.WorkloadFreezer(e.ProcRoot, root, v.PID, v.WorkloadCgroup)
+			fzs[i], err = cgroups.WorkloadFreezer(e.ProcRoot, root, v.PID, v.WorkloadCgroup)
 		}
 		if pidfd >= 0 {
 			closeFD(pidfd)
 		}
+		errs[i] = err
+	})
+	for i, v := range victims {
+		fz, err := fzs[i], errs[i]
 		if err != nil {
 			if errors.Is(err, ErrGone) || errors.Is(err, ErrNotSameProcess) || errors.Is(err, ErrMovedOut) || errors.Is(err, cgroups.ErrCgroupMoved) {
 				e.log().Info("not frozen: no longer the victim", "gpu", gpu, "victim_pid", v.PID, "reason", err.Error())
