@@ -18,8 +18,11 @@ type Explanation struct {
 	Holds       []int     `json:"holds"` // GPUs it holds, by index
 	// BeforeClassified says, for a process that opened a GPU before gpud
 	// knew its workload, that it did and what was done about it.
-	BeforeClassified string       `json:"before_classified,omitempty"`
-	GPUs             []ExplainGPU `json:"gpus"`
+	BeforeClassified string `json:"before_classified,omitempty"`
+	// Suspended: its workload is frozen (--preempt-mode freeze); the
+	// suspension says since when, why, and what thaws it.
+	Suspended *Suspension  `json:"suspended,omitempty"`
+	GPUs      []ExplainGPU `json:"gpus"`
 }
 
 // Workload is the container or pod a process belongs to, as gpud knows it.

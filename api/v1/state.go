@@ -41,6 +41,10 @@ type StateFile struct {
 	Enforcing   bool            `json:"enforcing"`
 	GPUs        []StateGPU      `json:"gpus"`
 	Preemptions []RawPreemption `json:"preemptions"`
+	// Suspended are the workloads frozen instead of killed
+	// (--preempt-mode freeze), until their GPUs are free of high priority
+	// again. Absent when none (and in files of gpuds before it).
+	Suspended []Suspension `json:"suspended,omitempty"`
 	// Health reports failed writes (a full disk); absent while none failed.
 	Health *Health `json:"health,omitempty"`
 	// ActivitySource says what tells gpud a GPU is in use: "nvml" (its

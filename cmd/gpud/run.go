@@ -78,6 +78,8 @@ func runFlags() (*pflag.FlagSet, *runOptions) {
 	fs.DurationVar(&cfg.FailOpenAfter, "fail-open-after", def.FailOpenAfter, "the gate allows everything once gpud has not heartbeated for this long")
 	fs.Var(config.NewEnum(&o.defPrio, string(def.DefaultPriority), "unmanaged", "low", "high"), "default-priority", "class of workloads without the gpud.io/priority label: `unmanaged|low|high` (reloadable)")
 	fs.DurationVar(&cfg.PreemptGrace, "preempt-grace", 0, "SIGTERM → SIGKILL delay for preempted processes (0: SIGKILL at once; reloadable)")
+	fs.Var(config.NewEnum(&cfg.PreemptMode, def.PreemptMode, "kill", "freeze"), "preempt-mode", "how low-priority holders are preempted: `kill|freeze` (freeze: their workload's cgroup is frozen, nothing lost, and thawed once no high-priority process holds the GPU; a workload's gpud.io/preempt-mode label overrides it)")
+	fs.DurationVar(&cfg.MaxFrozen, "max-frozen", def.MaxFrozen, "a workload frozen by --preempt-mode freeze this long is killed and reclaimed (0: never)")
 	fs.Var(config.NewEnum(&cfg.Reclaim, def.Reclaim, "stop", "remove", "evict", "delete", "none"), "reclaim", "what happens to a preempted or refused low-priority workload: `stop|remove|evict|delete|none` (stop/remove for containers, evict/delete for pods, stop=evict, remove=delete)")
 	fs.DurationVar(&cfg.ReservationTTL, "reservation-ttl", def.ReservationTTL, "how long a freed GPU waits for its earliest refused low-priority requester")
 	fs.StringVar(&cfg.CheckpointRoot, "checkpoint-root", def.CheckpointRoot, "where gpud-preempted.json notices go, one directory per task id")
@@ -150,7 +152,7 @@ func loadRun(args []string, src config.Sources) (*runOptions, *config.Settings, 
 			return nil, nil, bad(name, "must be positive, got %s", v)
 		}
 	}
-	for name, v := range map[string]time.Duration{"preempt-grace": cfg.PreemptGrace, "resync-interval": cfg.ResyncInterval} {
+	for name, v := range map[string]time.Duration{"preempt-grace": cfg.PreemptGrace, "resync-interval": cfg.ResyncInterval, "max-frozen": cfg.MaxFrozen} {
 		if v < 0 {
 			return nil, nil, bad(name, "must not be negative, got %s", v)
 		}

@@ -37,9 +37,16 @@ type Run struct {
 	FailOpenAfter   time.Duration
 	DefaultPriority v1.Priority
 	PreemptGrace    time.Duration
-	Reclaim         string // stop | remove | evict | delete | none
-	ReservationTTL  time.Duration
-	CheckpointRoot  string
+	// PreemptMode is how low-priority holders are preempted: kill, or
+	// freeze their workload's cgroup until the GPU is free of high
+	// priority again (a workload's gpud.io/preempt-mode label overrides it).
+	PreemptMode string
+	// MaxFrozen: a workload frozen this long is killed and reclaimed (0:
+	// never).
+	MaxFrozen      time.Duration
+	Reclaim        string // stop | remove | evict | delete | none
+	ReservationTTL time.Duration
+	CheckpointRoot string
 	// HostCheckpointRoot is CheckpointRoot as the host (the container
 	// runtime) sees it, for a gpud in a pod: the source of the checkpoint
 	// mounts NRI gives; "" is the same.
@@ -123,6 +130,8 @@ func Defaults() Run {
 		FailOpenAfter:      30 * time.Second,
 		DefaultPriority:    v1.Unmanaged,
 		Reclaim:            "stop",
+		PreemptMode:        "kill",
+		MaxFrozen:          30 * time.Minute,
 		ReservationTTL:     30 * time.Second,
 		CheckpointRoot:     "/var/lib/gpud/checkpoints",
 		ResourceName:       "gpud.io/idle-gpu",
@@ -176,6 +185,7 @@ func (r Run) Complete() Run {
 	str(&r.ProcRoot, d.ProcRoot)
 	str(&r.DriverRoot, d.DriverRoot)
 	str(&r.Reclaim, d.Reclaim)
+	str(&r.PreemptMode, d.PreemptMode)
 	str(&r.ResourceName, d.ResourceName)
 	str(&r.OwnerResource, d.OwnerResource)
 	str(&r.KubeletDir, d.KubeletDir)

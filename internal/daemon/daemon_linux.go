@@ -229,6 +229,9 @@ func (d *Daemon) decorate(f *v1.StateFile) {
 	if d.lender != nil {
 		d.lender.Decorate(f)
 	}
+	if s := d.executor.Suspensions(); len(s) > 0 {
+		f.Suspended = s
+	}
 }
 
 // enforcing: the gate applies the rules now; monitoring off turns them off
@@ -336,6 +339,10 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	cancel()
 	wg.Wait()
+	// Nothing stays frozen with no gpud to thaw or kill it: the next gpud
+	// judges the holders again and freezes what the rules say.
+	d.executor.Wait()
+	d.executor.ThawAll("gpud stopped")
 	d.log.Info("gpud stopped")
 	return err
 }
@@ -489,6 +496,12 @@ func (d *Daemon) setupWorkloads(cgroupRoot string) error {
 	}
 	d.executor = &preempt.Executor{
 		ProcRoot: cfg.ProcRoot, Grace: cfg.PreemptGrace, CheckpointRoot: cfg.CheckpointRoot,
+		Mode: preempt.Mode(cfg.PreemptMode), MaxFrozen: cfg.MaxFrozen, CgroupRoot: cgroupRoot,
+		Suspended: func() {
+			if d.writer != nil {
+				d.writer.Kick()
+			}
+		},
 		Journal: j, Reclaimer: rc, Log: d.log, Recorded: d.onRecorded,
 		Holds: func(pid, gpu int) bool {
 			return d.tracker.Proc.HoldsGPU(pid, gpu, d.ledger.FDs(pid, gpu))

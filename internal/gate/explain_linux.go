@@ -102,6 +102,9 @@ func (c *Controller) Explain(pid int) (*v1.Explanation, error) {
 		c.judge(&eg, class, lows, slices.Contains(ancestors, eg.ReservedFor) || eg.ReservedFor == info.CgroupID)
 		e.GPUs = append(e.GPUs, eg)
 	}
+	if s, ok := c.Exec.SuspendedPID(pid); ok {
+		e.Suspended = &s
+	}
 	if !known && (class == occupancy.High || class == occupancy.Low) {
 		e.Why += "; the gate does not know its cgroup yet, so its opens get through and the rule acts right after"
 	}

@@ -164,7 +164,20 @@ func (c *Controller) workload(info occupancy.ProcInfo, reason string) preempt.Ta
 }
 
 func (c *Controller) victim(info occupancy.ProcInfo, reason string) preempt.Victim {
-	return preempt.Victim{ProcInfo: info, TaskID: c.taskID(info), Workload: c.workload(info, reason)}
+	v := preempt.Victim{ProcInfo: info, TaskID: c.taskID(info), Workload: c.workload(info, reason)}
+	if w, ok := c.Registry.Lookup(info); ok {
+		v.WorkloadCgroup = w.CgroupID
+		if w.PreemptMode != "" {
+			// A malformed label gets the node's mode: it only chooses
+			// between two ways of preempting.
+			if m, err := preempt.ParseMode(w.PreemptMode); err == nil {
+				v.Mode = m
+			} else {
+				c.Log.Warn("ignoring the workload's preempt-mode label", "label", workload.LabelPreemptMode, "error", err)
+			}
+		}
+	}
+	return v
 }
 
 // lowHolders returns the low-priority holders of gpu as victims.
@@ -390,6 +403,11 @@ func (c *Controller) Sync() {
 		}
 		c.last[gpu], c.lastConf[gpu] = p, mono
 	}
+	// Suspended workloads whose GPUs high priority let go run again.
+	loans := c.loans
+	c.Exec.Resume(func(gpu int) preempt.Holding {
+		return Holding(c.Ledger.Counts()[gpu], loans != nil && loans.IsLent(gpu))
+	})
 }
 
 // Judge starts judging holders after the fact (Rejudge), and judges them

@@ -15,6 +15,12 @@ type Victim struct {
 	TaskID string
 	// Workload is what is reclaimed after the kill: its pod, else its container.
 	Workload Target
+	// Mode is how it is preempted (its workload's gpud.io/preempt-mode);
+	// "": the executor's Mode.
+	Mode Mode
+	// WorkloadCgroup is the v2 id of its workload's cgroup (its pod's or
+	// container's), the cgroup a freeze freezes; 0: its own cgroup.
+	WorkloadCgroup uint64
 }
 
 // Executor carries out verdicts off the hot path: it writes the checkpoint
@@ -33,7 +39,25 @@ type Executor struct {
 	// Recorded, when set, is called after each record is journaled.
 	Recorded func(Record)
 
+	// Mode is how victims without a mode of their own are preempted
+	// ("": ModeKill).
+	Mode Mode
+	// MaxFrozen: a workload frozen this long is killed and reclaimed (0:
+	// never).
+	MaxFrozen time.Duration
+	// FreezeWait bounds one freeze (0: DefaultFreezeWait); past it the
+	// victims are killed instead.
+	FreezeWait time.Duration
+	// CgroupRoot is the cgroup v2 mount point ("" detects it).
+	CgroupRoot string
+	// Suspended, when set, is called when the set of suspended workloads
+	// changed (the state file shows it).
+	Suspended func()
+
 	mu      sync.Mutex
+	susp    map[string]*suspension // frozen workloads by cgroup directory
+	held    func(gpu int) Holding  // the last Resume's
+	ctx     context.Context        // of the last Preempt, for the reclaims of frozen-too-long kills
 	killing map[int]bool
 	dead    map[deadKey]time.Time // victims killed recently: never killed (or recorded) twice
 	wg      sync.WaitGroup
@@ -46,7 +70,7 @@ func (e *Executor) Handled(v Victim) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	_, dead := e.dead[deadKey{v.PID, v.StartTime}]
-	return dead || e.killing[v.PID]
+	return dead || e.killing[v.PID] || e.suspendedLocked(v.PID) != nil
 }
 
 func (e *Executor) SetGrace(d time.Duration) {
@@ -84,6 +108,7 @@ func (e *Executor) Preempt(ctx context.Context, gpu int, rule string, preemptor 
 			delete(e.dead, k)
 		}
 	}
+	e.ctx = ctx
 	var mine []Victim
 	for _, v := range victims {
 		if v.Agent {
@@ -92,6 +117,10 @@ func (e *Executor) Preempt(ctx context.Context, gpu int, rule string, preemptor 
 			continue
 		}
 		if _, ok := e.dead[deadKey{v.PID, v.StartTime}]; ok {
+			continue
+		}
+		if s := e.suspendedLocked(v.PID); s != nil {
+			s.gpus[gpu] = true // frozen already; this GPU too waits for it
 			continue
 		}
 		if !e.killing[v.PID] {
@@ -103,7 +132,19 @@ func (e *Executor) Preempt(ctx context.Context, gpu int, rule string, preemptor 
 	e.wg.Add(1)
 	go func() {
 		defer e.wg.Done()
-		e.killAll(gpu, rule, preemptor, mine, decided)
+		var freeze, kill []Victim
+		for _, v := range mine {
+			if e.mode(v) == ModeFreeze {
+				freeze = append(freeze, v)
+			} else {
+				kill = append(kill, v)
+			}
+		}
+		if len(freeze) > 0 {
+			kill = append(kill, e.freezeAll(gpu, rule, preemptor, freeze, decided)...)
+		}
+		mine = kill
+		e.killAll(gpu, rule, preemptor, mine, decided, nil)
 		if done != nil {
 			close(done)
 		}

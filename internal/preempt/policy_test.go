@@ -50,3 +50,19 @@ func TestRulesTable(t *testing.T) {
 		}
 	}
 }
+
+func TestParseModeAndResumable(t *testing.T) {
+	for _, v := range []string{"kill", "freeze"} {
+		if m, err := ParseMode(v); err != nil || string(m) != v {
+			t.Errorf("ParseMode(%q) = %q %v", v, m, err)
+		}
+	}
+	for _, v := range []string{"", "Freeze", " freeze", "freeze\n", "checkpoint", "stop"} {
+		if _, err := ParseMode(v); err == nil {
+			t.Errorf("ParseMode(%q) accepted", v)
+		}
+	}
+	if !Resumable(Holding{}) || !Resumable(Holding{Low: true}) || Resumable(Holding{High: true}) || Resumable(Holding{High: true, Low: true}) {
+		t.Error("Resumable: a suspended workload resumes exactly when no high priority holds its GPUs")
+	}
+}

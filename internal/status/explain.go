@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"time"
 
 	v1 "github.com/gpud/gpud/api/v1"
 )
@@ -37,6 +38,10 @@ func RenderExplain(w io.Writer, e *v1.Explanation) error {
 	b.WriteString("\n")
 	fmt.Fprintf(&b, "cgroup %s (id %d)\n", orDash(e.Cgroup), e.CgroupID)
 	fmt.Fprintf(&b, "priority %s: %s\n", printable(string(e.Priority)), printable(e.Why))
+	if s := e.Suspended; s != nil {
+		fmt.Fprintf(&b, "FROZEN since %s (%s, %s): %s\n", s.Since.Format(time.RFC3339), s.Freezer, printable(s.Cgroup), printable(s.Reason))
+		fmt.Fprintf(&b, "  %s\n", printable(s.ThawWhen))
+	}
 	if len(e.Holds) == 0 {
 		b.WriteString("holds no GPU\n")
 	} else {

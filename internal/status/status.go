@@ -109,6 +109,7 @@ func renderTable(out io.Writer, f *v1.StateFile, now time.Time, wide bool) error
 	if err := renderLoans(&w, f.GPUs); err != nil {
 		return err
 	}
+	renderSuspended(&w, f.Suspended, now)
 	if err := renderPreemptions(&w, f.Preemptions, now); err != nil {
 		return err
 	}
@@ -391,4 +392,17 @@ func ago(now, t time.Time) string {
 		return fmt.Sprintf("%dh%02dm", int(d.Hours()), int(d.Minutes())%60)
 	}
 	return fmt.Sprintf("%dd", int(d.Hours()/24))
+}
+
+// renderSuspended lists the workloads frozen instead of killed: since
+// when, why, and what thaws them.
+func renderSuspended(w io.Writer, ss []v1.Suspension, now time.Time) {
+	if len(ss) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\nSUSPENDED (frozen, not killed):\n")
+	for _, s := range ss {
+		fmt.Fprintf(w, "  %s  pids %v  GPUs %v  frozen %s ago (%s)\n    why: %s\n    %s\n",
+			trunc(printable(s.Workload), 40), s.PIDs, s.GPUs, ago(now, s.Since), s.Freezer, printable(s.Reason), printable(s.ThawWhen))
+	}
 }

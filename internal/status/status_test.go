@@ -400,3 +400,22 @@ func TestRenderNVMLFacts(t *testing.T) {
 		t.Errorf("status without NVML:\n%s", b.String())
 	}
 }
+
+func TestRenderSuspended(t *testing.T) {
+	f := &v1.StateFile{Version: 1, Monitoring: true, Suspended: []v1.Suspension{{
+		Workload: "pod/aaaabbbb-cccc", PIDs: []int{4242}, GPUs: []int{1}, Since: now.Add(-90 * time.Second),
+		Freezer: "cgroup.freeze", Reason: "a high-priority process opened GPU 1\x1b[31m", ThawWhen: "thawed when no high-priority process holds GPU [1]",
+	}}}
+	out := render(t, f)
+	for _, want := range []string{"SUSPENDED", "pod/aaaabbbb-cccc", "[4242]", "1m30s", "cgroup.freeze", "opened GPU 1", "thawed when"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("missing %q in:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "\x1b") {
+		t.Errorf("a control character got through:\n%q", out)
+	}
+	if out := render(t, &v1.StateFile{Version: 1}); strings.Contains(out, "SUSPENDED") {
+		t.Errorf("a suspended section without suspensions:\n%s", out)
+	}
+}

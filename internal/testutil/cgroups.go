@@ -5,9 +5,12 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -88,4 +91,70 @@ func MkdirOwned(tb testing.TB, p string, mode os.FileMode, uid int) string {
 		tb.Fatal(err)
 	}
 	return p
+}
+
+// V1FreezerCgroup makes a new cgroup in the v1 freezer hierarchy for the
+// test, removed at its end; it skips (fails under CI) on a host without
+// the v1 freezer controller.
+func V1FreezerCgroup(tb testing.TB, name string) string {
+	tb.Helper()
+	mnt := cgroups.V1FreezerMount()
+	if mnt == "" {
+		Skip(tb, "no cgroup v1 freezer controller on this host")
+	}
+	dir := filepath.Join(mnt, fmt.Sprintf("gpud-test-%s-%d-%d", name, os.Getpid(), cgroupSeq.Add(1)))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		os.WriteFile(filepath.Join(dir, "freezer.state"), []byte("THAWED"), 0o644)
+		removeCgroup(dir)
+	})
+	return dir
+}
+
+// StartCounter starts a process (the shell's arithmetic in a loop) that
+// counts up by one every 10 ms or so and writes each value to file; with
+// gpu set it first opens that device node and holds it (its sleeps do
+// not). setup runs before it opens or counts (its cgroup, say). It is
+// killed at the end of the test. Read the count with Counted.
+func StartCounter(tb testing.TB, file, gpu string, setup func(pid int)) *exec.Cmd {
+	tb.Helper()
+	// The count is the process's own state (a shell variable): a process
+	// started again would count from 0.
+	script := `read go; i=0; while :; do i=$((i+1)); echo $i > "$0"; sleep 0.01; done`
+	if gpu != "" {
+		script = `read go; exec 3<>"$1" || exit 1; i=0; while :; do i=$((i+1)); echo $i > "$0"; sleep 0.01 3<&-; done`
+	}
+	cmd := exec.Command("/bin/sh", "-c", script, file, gpu)
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	if setup != nil {
+		setup(cmd.Process.Pid) // before it counts: its cgroup, its GPU
+	}
+	in.Write([]byte("go\n"))
+	return cmd
+}
+
+// Counted reads a counter's last value (0 before its first). The counter
+// truncates and writes: an empty read is retried.
+func Counted(file string) int {
+	for i := 0; i < 1000; i++ {
+		b, _ := os.ReadFile(file)
+		if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+			return n
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	return 0
 }

@@ -20,6 +20,9 @@ import (
 const (
 	LabelPriority = "gpud.io/priority"
 	LabelTaskID   = "gpud.io/task-id"
+	// LabelPreemptMode chooses how the workload is preempted: kill or
+	// freeze (preempt.ParseMode); absent or malformed, --preempt-mode.
+	LabelPreemptMode = "gpud.io/preempt-mode"
 )
 
 // ErrBadLabel is returned for a priority label that is neither high nor low.
@@ -57,6 +60,7 @@ type Workload struct {
 	Namespace   string // pods only
 	Name        string // container name, or pod name
 	TaskID      string // gpud.io/task-id, else the container name or namespace/name
+	PreemptMode string // gpud.io/preempt-mode as labelled (checked where it is used)
 	Priority    occupancy.Priority
 	CgroupID    uint64 // cgroup v2 id of the container or pod, 0 until known
 	// Agent: a pod of system agents (Agents.Pod); its Priority is

@@ -103,7 +103,8 @@ func (c *Source) sync(ctx context.Context, rs runtimeapi.RuntimeServiceClient) e
 
 // SandboxWorkload classifies a pod from its sandbox's labels.
 func SandboxWorkload(r *workload.Registry, uid, namespace, name string, labels map[string]string) workload.Workload {
-	w := workload.Workload{PodUID: uid, Namespace: namespace, Name: name, TaskID: labels[workload.LabelTaskID]}
+	w := workload.Workload{PodUID: uid, Namespace: namespace, Name: name, TaskID: labels[workload.LabelTaskID],
+		PreemptMode: labels[workload.LabelPreemptMode]}
 	w.Priority, w.Agent = r.ClassifyPod(uid, namespace, labels)
 	if w.TaskID == "" {
 		w.TaskID = namespace + "/" + name

@@ -152,6 +152,7 @@ func (d *Watcher) created(id, name string, labels map[string]string) {
 		Name:        strings.TrimPrefix(name, "/"),
 		Priority:    d.Registry.Classify(id, labels),
 		TaskID:      labels[workload.LabelTaskID],
+		PreemptMode: labels[workload.LabelPreemptMode],
 	}
 	if w.TaskID == "" {
 		w.TaskID = w.Name
@@ -182,6 +183,7 @@ func (d *Watcher) refresh(ctx context.Context, id string) {
 		Name:        strings.TrimPrefix(c.Name, "/"),
 		Priority:    d.Registry.Classify(c.ID, labels),
 		TaskID:      labels[workload.LabelTaskID],
+		PreemptMode: labels[workload.LabelPreemptMode],
 	}
 	if w.TaskID == "" {
 		w.TaskID = w.Name

@@ -90,6 +90,11 @@ func (p *Events) post(ctx context.Context, r preempt.Record) {
 	case preempt.ActionKill:
 		vReason, vMsg = "GPUPreempted", fmt.Sprintf("gpud killed process %d on GPU %d for %s (%s)", r.Victim.PID, r.GPU, describe(pre, pok, r.Preemptor), r.Result)
 		pReason, pMsg = "GPUPreemptedOther", fmt.Sprintf("gpud preempted %s on GPU %d for this pod", describe(victim, vok, r.Victim), r.GPU)
+	case preempt.ActionFreeze:
+		vReason, vMsg = "GPUFrozen", fmt.Sprintf("gpud froze this pod (cgroup %s, %s) instead of killing process %d: GPU %d is taken by %s; it is thawed when no high-priority process holds the GPU", r.Cgroup, r.Result, r.Victim.PID, r.GPU, describe(pre, pok, r.Preemptor))
+		pReason, pMsg = "GPUFrozeOther", fmt.Sprintf("gpud froze %s on GPU %d for this pod", describe(victim, vok, r.Victim), r.GPU)
+	case preempt.ActionThaw:
+		vReason, vMsg = "GPUThawed", fmt.Sprintf("gpud thawed this pod (%s): %s", r.Result, r.Rule)
 	case preempt.ActionDeny:
 		vReason, vMsg = "GPUOpenDenied", fmt.Sprintf("gpud refused process %d an open of GPU %d: held by high priority", r.Victim.PID, r.GPU)
 	case preempt.ActionReclaim:

@@ -244,7 +244,7 @@ func (p *Plugin) put(pod *api.PodSandbox) {
 	labels := pod.GetLabels()
 	w := workload.Workload{
 		PodUID: uid, Namespace: pod.GetNamespace(), Name: pod.GetName(),
-		TaskID: TaskID(pod),
+		TaskID: TaskID(pod), PreemptMode: labels[workload.LabelPreemptMode],
 	}
 	w.Priority, w.Agent = p.Registry.ClassifyPod(uid, w.Namespace, labels)
 	qos := QOSClass(pod.GetLinux().GetCgroupParent())

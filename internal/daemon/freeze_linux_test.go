@@ -1,0 +1,215 @@
+package daemon_test
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "github.com/gpud/gpud/api/v1"
+	"github.com/gpud/gpud/internal/cgroups"
+	"github.com/gpud/gpud/internal/occupancy"
+	"github.com/gpud/gpud/internal/preempt"
+	"github.com/gpud/gpud/internal/testutil"
+	"github.com/gpud/gpud/internal/workload"
+)
+
+// freezeEnv is an enforcing daemon with --preempt-mode freeze.
+func freezeEnv(t *testing.T, maxFrozen time.Duration) *env {
+	e := newEnv(t)
+	e.cfg.Enforce, e.cfg.FailOpenAfter, e.cfg.DockerHost, e.cfg.Reclaim = true, 30*time.Second, "none", "none"
+	e.cfg.ReservationTTL = 30 * time.Second
+	e.cfg.PreemptMode, e.cfg.MaxFrozen = string(preempt.ModeFreeze), maxFrozen
+	e.start()
+	return e
+}
+
+// lowCounter starts a counting process of a low-priority workload (known
+// by its cgroup) that holds GPU gpu; v1, when set, also puts it in a v1
+// freezer cgroup, as runc does on a hybrid host. It returns the counter's
+// pid and its count file.
+func lowCounter(t *testing.T, e *env, gpu int, v1 bool) (int, string) {
+	t.Helper()
+	ctr, id := testutil.Cgroup(t, "lowctr")
+	var v1dir string
+	if v1 {
+		v1dir = testutil.V1FreezerCgroup(t, "lowpod")
+	}
+	e.d.Registry().Put(workload.Workload{CgroupID: id, Priority: occupancy.Low, TaskID: "counter"})
+	file := filepath.Join(t.TempDir(), "count")
+	cmd := testutil.StartCounter(t, file, e.gpus[gpu].Path, func(pid int) {
+		testutil.JoinCgroup(t, ctr, pid)
+		if v1dir != "" {
+			testutil.JoinCgroup(t, v1dir, pid)
+		}
+	})
+	pid := cmd.Process.Pid
+	testutil.Eventually(t, 5*time.Second, "the low counter holds the GPU", func() bool {
+		for _, h := range e.d.Ledger().Holders(gpu) {
+			if h.PID == pid && h.Priority == occupancy.Low {
+				return true
+			}
+		}
+		return false
+	})
+	testutil.Eventually(t, 5*time.Second, "it counts", func() bool { return testutil.Counted(file) > 3 })
+	return pid, file
+}
+
+func stillCounting(file string, d time.Duration) (from, to int) {
+	from = testutil.Counted(file)
+	time.Sleep(d)
+	return from, testutil.Counted(file)
+}
+
+// --preempt-mode freeze on the real gate: a low counter holds a GPU; a
+// high open freezes it (the counter stops, the process lives); the gate
+// refuses low opens of the GPU meanwhile; the high holder leaves; the
+// counter is thawed and counts on from where it stopped. Both freezers:
+// cgroup v2's cgroup.freeze, and the v1 freezer controller (what runc uses
+// on a hybrid host such as this project's CI machine).
+func TestFreezeInsteadOfKill(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		v1   bool
+		kind string
+	}{{"v2", false, cgroups.FreezerV2}, {"v1", true, cgroups.FreezerV1}} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := freezeEnv(t, time.Hour)
+			pid, file := lowCounter(t, e, 0, tc.v1)
+			high, _ := classified(t, e.d.Registry(), "high", occupancy.High, "high")
+			hfd := high.doInt("open %s", e.gpus[0].Path)
+			testutil.Eventually(t, 5*time.Second, "a freeze record", func() bool { return len(records(e, preempt.ActionFreeze)) > 0 })
+			// The first record may name a sleep the counter forks (it holds
+			// the GPU between its fork and its close, and is judged after
+			// the fact): the same workload, the same freeze.
+			r := records(e, preempt.ActionFreeze)[0]
+			if r.Victim.CgroupID == 0 || r.Result != "done" || r.LatencyMS <= 0 || r.Cgroup == "" {
+				t.Fatalf("freeze record: %+v", r)
+			}
+			if from, to := stillCounting(file, 300*time.Millisecond); from != to {
+				t.Fatalf("counted %d → %d while frozen", from, to)
+			}
+			at := testutil.Counted(file)
+			if !testutil.Alive(pid) || len(records(e, preempt.ActionKill)) != 0 {
+				t.Fatal("the frozen workload was killed")
+			}
+			f := testutil.WaitStateFile(t, e.cfg.StateFile, 3*time.Second, func(f *v1.StateFile) bool { return len(f.Suspended) == 1 })
+			s := f.Suspended[0]
+			if s.Freezer != tc.kind || s.Cgroup != r.Cgroup || len(s.PIDs) == 0 || s.GPUs[0] != 0 || s.KillAt == nil || !strings.Contains(s.ThawWhen, "high-priority") {
+				t.Fatalf("suspension: %+v", s)
+			}
+			if testutil.HolderPriority(f, 0, pid) != v1.Low {
+				t.Fatal("the frozen process is not shown as the GPU's low holder")
+			}
+			// The gate goes on refusing low opens of the GPU high holds.
+			low2, _ := classified(t, e.d.Registry(), "low2", occupancy.Low, "low2")
+			if got := tryOpen(low2, e.gpus[0].Path); got != "operation not permitted" {
+				t.Fatalf("a low open while the GPU is high-held: %q", got)
+			}
+			// Rejudging (a class change) leaves it frozen, not killed.
+			e.d.Registry().Put(workload.Workload{CgroupID: 1, Priority: occupancy.Low, TaskID: "nudge"})
+			time.Sleep(200 * time.Millisecond)
+			if !testutil.Alive(pid) || testutil.Counted(file) != at {
+				t.Fatal("a rejudge killed or thawed the frozen workload")
+			}
+			high.do("close %d", hfd)
+			testutil.Eventually(t, 10*time.Second, "a thaw record", func() bool { return len(records(e, preempt.ActionThaw)) > 0 })
+			testutil.Eventually(t, 5*time.Second, "counting on", func() bool { return testutil.Counted(file) > at+3 })
+			// 0 lost: the same process, its count carried on from where it
+			// stopped (a restarted one would count from 1).
+			if !testutil.Alive(pid) || testutil.Counted(file) < at {
+				t.Fatal("not the same process, or its count restarted")
+			}
+			testutil.WaitStateFile(t, e.cfg.StateFile, 3*time.Second, func(f *v1.StateFile) bool { return len(f.Suspended) == 0 })
+			// Low opens are allowed again.
+			if got := tryOpen(low2, e.gpus[0].Path); got != "ok" {
+				t.Fatalf("a low open of a low-held GPU after the thaw: %q", got)
+			}
+		})
+	}
+}
+
+// A workload frozen longer than --max-frozen is killed (through its
+// pidfd), recorded, and its frozen cgroup thawed for it to die.
+func TestFrozenTooLongIsKilled(t *testing.T) {
+	e := freezeEnv(t, 500*time.Millisecond)
+	pid, _ := lowCounter(t, e, 1, false)
+	high, _ := classified(t, e.d.Registry(), "high", occupancy.High, "high")
+	high.do("open %s", e.gpus[1].Path)
+	testutil.Eventually(t, 5*time.Second, "a freeze record", func() bool { return len(records(e, preempt.ActionFreeze)) > 0 })
+	testutil.Eventually(t, 10*time.Second, "killed once frozen too long", func() bool { return !testutil.Alive(pid) })
+	testutil.Eventually(t, 5*time.Second, "a kill record", func() bool {
+		for _, k := range records(e, preempt.ActionKill) {
+			if k.Victim.PID == pid {
+				return true
+			}
+		}
+		return false
+	})
+	var k preempt.Record
+	for _, r := range records(e, preempt.ActionKill) {
+		if r.Victim.PID == pid {
+			k = r
+		}
+	}
+	if k.Result != "done" || !strings.Contains(k.Rule, "max-frozen") || k.GPU != 1 {
+		t.Fatalf("kill record: %+v", k)
+	}
+	testutil.WaitStateFile(t, e.cfg.StateFile, 3*time.Second, func(f *v1.StateFile) bool { return len(f.Suspended) == 0 })
+}
+
+// The per-workload label wins over the node's mode, both ways; a
+// workload paused by someone else (docker pause) is neither thawed nor
+// killed by gpud.
+func TestPreemptModeLabelAndPaused(t *testing.T) {
+	e := freezeEnv(t, time.Hour)
+	// Labelled kill on a freeze node: killed.
+	dir, id := testutil.Cgroup(t, "killme")
+	e.d.Registry().Put(workload.Workload{CgroupID: id, Priority: occupancy.Low, TaskID: "k", PreemptMode: "kill"})
+	victim := startHelper(t)
+	testutil.JoinCgroup(t, dir, victim.pid())
+	victim.do("open %s", e.gpus[0].Path)
+	// Paused by an admin before the preemption.
+	pid, file := lowCounter(t, e, 1, false)
+	paused := cgroupOf(t, pid)
+	if err := os.WriteFile(filepath.Join(paused, "cgroup.freeze"), []byte("1"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.WriteFile(filepath.Join(paused, "cgroup.freeze"), []byte("0"), 0o644) })
+	high, _ := classified(t, e.d.Registry(), "high", occupancy.High, "high")
+	h0 := high.doInt("open %s", e.gpus[0].Path)
+	h1 := high.doInt("open %s", e.gpus[1].Path)
+	testutil.Eventually(t, 5*time.Second, "the labelled-kill workload killed", func() bool { return !testutil.Alive(victim.pid()) })
+	testutil.Eventually(t, 5*time.Second, "the paused one recorded", func() bool { return len(records(e, preempt.ActionFreeze)) > 0 })
+	if r := records(e, preempt.ActionFreeze)[0]; r.Cgroup != paused || !strings.Contains(r.Result, "paused by someone else") {
+		t.Fatalf("freeze record of a paused workload: %+v", r)
+	}
+	at := testutil.Counted(file)
+	high.do("close %d", h0)
+	high.do("close %d", h1)
+	testutil.Eventually(t, 10*time.Second, "forgotten", func() bool { return len(records(e, preempt.ActionThaw)) > 0 })
+	if from, to := stillCounting(file, 300*time.Millisecond); from != at || to != at {
+		t.Fatal("gpud thawed a workload someone else paused")
+	}
+}
+
+// cgroupOf returns pid's cgroup v2 directory.
+func cgroupOf(t *testing.T, pid int) string {
+	t.Helper()
+	root, _, err := cgroups.V2Root()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cgroup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := cgroups.Parse(string(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Join(root, info.V2Path)
+}

@@ -1,0 +1,472 @@
+package preempt
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"time"
+
+	v1 "github.com/gpud/gpud/api/v1"
+	"github.com/gpud/gpud/internal/cgroups"
+)
+
+// Suspension is a workload frozen instead of killed (a wire type: api/v1).
+type Suspension = v1.Suspension
+
+// Actions recorded for suspensions.
+const (
+	ActionFreeze = v1.ActionFreeze
+	ActionThaw   = v1.ActionThaw
+)
+
+// DefaultFreezeWait bounds how long a freeze may take before the executor
+// thaws the cgroup again and kills instead: a task in an uninterruptible
+// sleep (in the GPU driver, say) holds a freeze back for as long.
+const DefaultFreezeWait = time.Second
+
+// minSuspended is how long a fresh suspension is kept even though its
+// GPUs show no high-priority holder: the freeze is decided on the high
+// open, and the ledger counts the opener a moment later. Past it, a GPU
+// still without one (the high open failed after the gate let it through)
+// thaws the workload.
+const minSuspended = time.Second
+
+// suspension is one frozen workload.
+type suspension struct {
+	fz        *cgroups.Freezer // nil when someone else froze it (paused)
+	path      string
+	kind      string
+	since     time.Time
+	gpus      map[int]bool
+	seenHeld  bool // its GPUs were seen held by high priority since the freeze
+	victims   []Victim
+	rule      string
+	reason    string
+	preemptor Party
+	killAt    time.Time // zero: never
+	timer     *time.Timer
+}
+
+func (e *Executor) mode(v Victim) Mode {
+	if v.Mode != "" {
+		return v.Mode
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.Mode == "" {
+		return ModeKill
+	}
+	return e.Mode
+}
+
+// SetMode changes the default preemption mode for the preemptions that
+// start from now on (a reload).
+func (e *Executor) SetMode(m Mode) {
+	e.mu.Lock()
+	e.Mode = m
+	e.mu.Unlock()
+}
+
+func (e *Executor) freezeWait() time.Duration {
+	if e.FreezeWait > 0 {
+		return e.FreezeWait
+	}
+	return DefaultFreezeWait
+}
+
+// suspendedLocked returns the suspension that holds pid, if any.
+func (e *Executor) suspendedLocked(pid int) *suspension {
+	for _, s := range e.susp {
+		for _, v := range s.victims {
+			if v.PID == pid {
+				return s
+			}
+		}
+	}
+	return nil
+}
+
+// freezeAll freezes the workloads of victims (each victim's identity and
+// place checked as for a kill); it returns the victims it could not
+// freeze, for the caller to kill: no freezable cgroup, or a freeze that
+// did not complete in time.
+func (e *Executor) freezeAll(gpu int, rule string, preemptor Party, victims []Victim, decided time.Time) (kill []Victim) {
+	root, err := e.cgroupRoot()
+	if err != nil {
+		e.log().Warn("no cgroup v2 hierarchy: killing instead of freezing", "error", err)
+		return victims
+	}
+	type group struct {
+		fz      *cgroups.Freezer
+		victims []Victim
+	}
+	var order []string
+	groups := map[string]*group{}
+	// Each victim checked (identity, still holding, still in its
+	// workload) and its workload's freezer found, a few at once.
+	fzs := make([]*cgroups.Freezer, len(victims))
+	errs := make([]error, len(victims))
+	parallel(len(victims), func(i int) {
+		v := victims[i]
+		pidfd, err := openChecked(e.ProcRoot, v.ProcInfo)
+		if err == nil {
+			err = e.stillVictim(gpu, v)
+		}
+		if err == nil {
+			fzs[i], err = cgroups.WorkloadFreezer(e.ProcRoot, root, v.PID, v.WorkloadCgroup)
+		}
+		if pidfd >= 0 {
+			closeFD(pidfd)
+		}
+		errs[i] = err
+	})
+	for i, v := range victims {
+		fz, err := fzs[i], errs[i]
+		if err != nil {
+			if errors.Is(err, ErrGone) || errors.Is(err, ErrNotSameProcess) || errors.Is(err, ErrMovedOut) || errors.Is(err, cgroups.ErrCgroupMoved) {
+				e.log().Info("not frozen: no longer the victim", "gpu", gpu, "victim_pid", v.PID, "reason", err.Error())
+				e.forget(v)
+				continue
+			}
+			e.log().Warn("cannot freeze: killing instead", "gpu", gpu, "victim_pid", v.PID, "error", err)
+			kill = append(kill, v)
+			continue
+		}
+		g := groups[fz.Path]
+		if g == nil {
+			g = &group{fz: fz}
+			groups[fz.Path] = g
+			order = append(order, fz.Path)
+		} else {
+			fz.Close()
+		}
+		g.victims = append(g.victims, v)
+	}
+	var recs []Record
+	for _, path := range order {
+		g := groups[path]
+		e.mu.Lock()
+		s := e.susp[path]
+		if s != nil { // frozen already (another GPU's decision): one more GPU, more processes
+			s.gpus[gpu] = true
+			for _, v := range g.victims {
+				if !slices.ContainsFunc(s.victims, func(x Victim) bool { return x.PID == v.PID }) {
+					s.victims = append(s.victims, v)
+				}
+			}
+			e.mu.Unlock()
+			g.fz.Close()
+			continue
+		}
+		e.mu.Unlock()
+		now := time.Now()
+		s = &suspension{path: path, kind: g.fz.Kind, since: now.UTC(), gpus: map[int]bool{gpu: true},
+			victims: g.victims, rule: rule, reason: g.victims[0].Workload.Reason, preemptor: preemptor}
+		result := "done"
+		paused, err := g.fz.Paused()
+		switch {
+		case err != nil:
+			g.fz.Close()
+			e.log().Warn("cannot read the freezer: killing instead", "cgroup", path, "error", err)
+			kill = append(kill, g.victims...)
+			continue
+		case paused:
+			// `docker pause` or an admin froze it: not gpud's to thaw or
+			// to kill; it holds its GPU memory but runs nothing.
+			g.fz.Close()
+			result = "paused by someone else: left as it is"
+		default:
+			err := g.fz.Freeze()
+			if err == nil {
+				err = g.fz.WaitFrozen(e.freezeWait())
+			}
+			if err != nil {
+				if terr := g.fz.Thaw(); terr != nil {
+					e.log().Error("thawing a failed freeze", "cgroup", path, "error", terr)
+				}
+				g.fz.Close()
+				e.log().Warn("freeze failed: killing instead", "cgroup", path, "error", err)
+				kill = append(kill, g.victims...)
+				continue
+			}
+			s.fz = g.fz
+		}
+		frozenAt := time.Now()
+		for _, v := range g.victims {
+			rec := Record{Time: s.since, GPU: gpu, Action: ActionFreeze, Rule: rule, Preemptor: preemptor,
+				Victim: party(v), Cgroup: path, Result: result,
+				LatencyMS: float64(frozenAt.Sub(decided).Microseconds()) / 1000}
+			if e.Journal != nil {
+				rec.ID = e.Journal.NewID(now)
+			}
+			recs = append(recs, rec)
+			e.log().Info("preempted: frozen", "gpu", gpu, "victim_pid", v.PID, "victim_container", v.ContainerID,
+				"cgroup", path, "freezer", g.fz.Kind, "result", result, "latency_ms", rec.LatencyMS)
+		}
+		e.mu.Lock()
+		held := e.held
+		e.mu.Unlock()
+		// Asked outside the lock: it reads the ledger and the loans.
+		s.seenHeld = held != nil && !Resumable(held(gpu))
+		e.mu.Lock()
+		if e.susp == nil {
+			e.susp = map[string]*suspension{}
+		}
+		e.susp[path] = s
+		if s.fz != nil && e.MaxFrozen > 0 {
+			s.killAt = now.Add(e.MaxFrozen)
+			s.timer = time.AfterFunc(e.MaxFrozen, func() { e.frozenTooLong(path, s) })
+		}
+		for _, v := range g.victims {
+			delete(e.killing, v.PID)
+		}
+		e.mu.Unlock()
+	}
+	e.recordAll(recs)
+	if len(recs) > 0 && e.Suspended != nil {
+		e.Suspended()
+	}
+	return kill
+}
+
+func party(v Victim) Party {
+	return Party{PID: v.PID, Comm: v.Comm, ContainerID: v.ContainerID, PodUID: v.PodUID, Namespace: v.Workload.Namespace,
+		TaskID: v.TaskID, CgroupID: v.CgroupID}
+}
+
+// forget ends the executor's interest in a victim it did not act on.
+func (e *Executor) forget(v Victim) {
+	e.mu.Lock()
+	delete(e.killing, v.PID)
+	e.mu.Unlock()
+}
+
+func (e *Executor) recordAll(recs []Record) {
+	if len(recs) == 0 {
+		return
+	}
+	if e.Journal != nil {
+		if err := e.Journal.AppendAll(recs); err != nil {
+			e.log().Error("journaling suspensions", "records", len(recs), "error", err)
+		}
+	}
+	if e.Recorded != nil {
+		for _, r := range recs {
+			e.Recorded(r)
+		}
+	}
+}
+
+// Resume thaws the suspended workloads whose GPUs are all Resumable now;
+// held says how the rule table sees a GPU's holders. Cheap when nothing
+// is suspended: call it whenever holders change. held must read the
+// holders live: a new suspension asks it too.
+func (e *Executor) Resume(held func(gpu int) Holding) {
+	e.mu.Lock()
+	e.held = held
+	if len(e.susp) == 0 {
+		e.mu.Unlock()
+		return
+	}
+	var thaw []*suspension
+	now := time.Now()
+	for path, s := range e.susp {
+		ok := true
+		for gpu := range s.gpus {
+			if !Resumable(held(gpu)) {
+				ok = false
+			}
+		}
+		if !ok {
+			s.seenHeld = true
+			continue
+		}
+		if !s.seenHeld && now.Sub(s.since) < minSuspended {
+			continue
+		}
+		delete(e.susp, path)
+		if s.timer != nil {
+			s.timer.Stop()
+		}
+		thaw = append(thaw, s)
+	}
+	e.mu.Unlock()
+	if len(thaw) == 0 {
+		return
+	}
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		e.thawAll(thaw, "its GPUs have no high-priority holder")
+	}()
+}
+
+// thawAll thaws suspensions gpud froze (those paused by someone else are
+// only forgotten) and records each victim's thaw.
+func (e *Executor) thawAll(ss []*suspension, why string) {
+	var recs []Record
+	for _, s := range ss {
+		result := "done"
+		if s.fz == nil {
+			result = "paused by someone else: left as it is"
+		} else {
+			if err := s.fz.Thaw(); err != nil {
+				result = err.Error()
+			}
+			s.fz.Close()
+		}
+		now := time.Now().UTC()
+		gpus := sortedGPUs(s.gpus)
+		for _, v := range s.victims {
+			rec := Record{Time: now, GPU: gpus[0], Action: ActionThaw, Rule: why, Victim: party(v), Cgroup: s.path,
+				Preemptor: s.preemptor, Result: result}
+			if e.Journal != nil {
+				rec.ID = e.Journal.NewID(now)
+			}
+			recs = append(recs, rec)
+		}
+		e.log().Info("thawed", "cgroup", s.path, "gpus", gpus, "frozen_for", now.Sub(s.since).String(), "why", why, "result", result)
+	}
+	e.recordAll(recs)
+	if e.Suspended != nil {
+		e.Suspended()
+	}
+}
+
+// ThawAll thaws every workload gpud froze, for why (gpud stopping: a
+// workload must never stay frozen with no gpud to thaw or kill it; the
+// next gpud judges its holders again and freezes what the rules say).
+func (e *Executor) ThawAll(why string) {
+	e.mu.Lock()
+	ss := make([]*suspension, 0, len(e.susp))
+	for path, s := range e.susp {
+		if s.timer != nil {
+			s.timer.Stop()
+		}
+		ss = append(ss, s)
+		delete(e.susp, path)
+	}
+	e.mu.Unlock()
+	if len(ss) > 0 {
+		e.thawAll(ss, why)
+	}
+}
+
+// frozenTooLong kills a workload frozen for --max-frozen and reclaims it,
+// as a kill-mode preemption would have at once.
+func (e *Executor) frozenTooLong(path string, s *suspension) {
+	e.mu.Lock()
+	if e.susp[path] != s {
+		e.mu.Unlock()
+		return // thawed meanwhile
+	}
+	delete(e.susp, path)
+	if e.killing == nil {
+		e.killing = map[int]bool{}
+	}
+	for _, v := range s.victims {
+		e.killing[v.PID] = true
+	}
+	ctx := e.ctx
+	e.mu.Unlock()
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	e.wg.Add(1)
+	defer e.wg.Done()
+	gpus := sortedGPUs(s.gpus)
+	rule := fmt.Sprintf("frozen longer than --max-frozen (%s): kill", e.MaxFrozen)
+	e.log().Warn("frozen too long: killing", "cgroup", path, "gpus", gpus, "since", s.since, "max_frozen", e.MaxFrozen.String())
+	// Killed frozen: SIGKILL is taken at the thaw, before any of the
+	// workload's code runs again (the v1 freezer needs the thaw to let
+	// it die; the v2 one lets it die frozen).
+	e.killAll(gpus[0], rule, s.preemptor, s.victims, time.Now(), func() {
+		if err := s.fz.Thaw(); err != nil {
+			e.log().Error("thawing a frozen workload to kill it", "cgroup", path, "error", err)
+		}
+	})
+	s.fz.Close()
+	if e.Suspended != nil {
+		e.Suspended()
+	}
+	seen := map[string]bool{}
+	for _, v := range s.victims {
+		if k := v.Workload.Key(); k != "" && !seen[k] {
+			seen[k] = true
+			e.reclaim(ctx, gpus[0], v.Workload, v.TaskID, s.preemptor)
+		}
+	}
+}
+
+func sortedGPUs(m map[int]bool) []int {
+	out := make([]int, 0, len(m))
+	for g := range m {
+		out = append(out, g)
+	}
+	sort.Ints(out)
+	if len(out) == 0 {
+		out = append(out, 0)
+	}
+	return out
+}
+
+// Suspensions lists the suspended workloads, oldest first, for the state
+// file.
+func (e *Executor) Suspensions() []Suspension {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := make([]Suspension, 0, len(e.susp))
+	for _, s := range e.susp {
+		v0 := s.victims[0]
+		x := Suspension{
+			Workload: v0.Workload.Key(), ContainerID: v0.ContainerID, PodUID: v0.PodUID,
+			Namespace: v0.Workload.Namespace, Pod: v0.Workload.Name, TaskID: v0.TaskID,
+			Cgroup: s.path, Freezer: s.kind, GPUs: sortedGPUs(s.gpus), Since: s.since,
+			Reason: s.reason, Preemptor: s.preemptor, Paused: s.fz == nil,
+		}
+		if x.Workload == "" {
+			x.Workload = "cgroup " + s.path
+		}
+		for _, v := range s.victims {
+			x.PIDs = append(x.PIDs, v.PID)
+		}
+		if !s.killAt.IsZero() {
+			t := s.killAt.UTC()
+			x.KillAt = &t
+		}
+		x.ThawWhen = ThawWhen(x)
+		out = append(out, x)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Since.Before(out[j].Since) })
+	return out
+}
+
+// ThawWhen says in words what thaws a suspension.
+func ThawWhen(s Suspension) string {
+	if s.Paused {
+		return "paused by someone else (docker pause, an admin): gpud neither thaws nor kills it; unpause it"
+	}
+	w := fmt.Sprintf("thawed when no high-priority process holds GPU %v (nor a lent GPU's owner is active)", s.GPUs)
+	if s.KillAt != nil {
+		w += fmt.Sprintf("; killed and reclaimed if still frozen at %s", s.KillAt.Format(time.RFC3339))
+	}
+	return w
+}
+
+// SuspendedPID reports the suspension that holds pid, if any.
+func (e *Executor) SuspendedPID(pid int) (Suspension, bool) {
+	e.mu.Lock()
+	s := e.suspendedLocked(pid)
+	e.mu.Unlock()
+	if s == nil {
+		return Suspension{}, false
+	}
+	for _, x := range e.Suspensions() {
+		if x.Cgroup == s.path {
+			return x, true
+		}
+	}
+	return Suspension{}, false
+}
