@@ -57,6 +57,11 @@ func (s *nvidiaStandin) Allocate(ids []string) (*pluginapi.ContainerAllocateResp
 	return r, nil
 }
 
+// cdiResource is what this file's gpud lends: not gpud.io/idle-gpu, which
+// TestPodAdmittedBeforeRegistrationIsReported needs unregistered when it
+// runs (a resource kubelet once knew keeps a pod asking it Pending).
+const cdiResource = "gpud.io/cdi-idle-gpu"
+
 // startUUIDStandin serves the stand-in for nvidia.com/gpu until the test ends.
 func startUUIDStandin(t *testing.T, uuids ...string) {
 	t.Helper()
@@ -133,7 +138,7 @@ func TestBorrowerGetsCDIDevicesAndUUID(t *testing.T) {
 		IdleAfter: 2 * time.Second, NodeName: env(t, "NODE_NAME"), KubeConfig: env(t, "KUBECONFIG"),
 		Enforce: true, FailOpenAfter: 30 * time.Second, DefaultPriority: occupancy.Unmanaged,
 		Reclaim: preempt.ReclaimEvict, ReservationTTL: 30 * time.Second, DockerHost: "none", CRIEndpoint: "none",
-		DevicePlugin: true, KubeletDir: env(t, "DEVICE_PLUGINS_DIR"), CDIKind: config.Defaults().CDIKind,
+		DevicePlugin: true, ResourceName: cdiResource, KubeletDir: env(t, "DEVICE_PLUGINS_DIR"), CDIKind: config.Defaults().CDIKind,
 		PodResourcesSocket: filepath.Join(env(t, "KUBELET_ROOT"), "pod-resources", "kubelet.sock"),
 	}, NVML: &nvidia.NVML{Lib: lib}}, slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	if err != nil {
@@ -164,7 +169,7 @@ func TestBorrowerGetsCDIDevicesAndUUID(t *testing.T) {
 	ownerPID := hold(t, holders, "cdiowner")
 	waitHealth(t, health, pluginapi.Healthy, 15*time.Second)
 
-	resourcePod(t, "cdiborrower", "gpud.io/idle-gpu")
+	resourcePod(t, "cdiborrower", cdiResource)
 	mustKubectl(t, "wait", "--for=condition=Ready", "pod/cdiborrower", "--timeout=60s")
 	out := mustKubectl(t, "exec", "cdiborrower", "--", "sh", "-c", "echo $NVIDIA_VISIBLE_DEVICES $NVIDIA_CDI_INJECTED $GPUD_GPU; ls /dev/nvidia0")
 	if want := uuid + " " + uuid + " 0\n/dev/nvidia0"; out != want {
@@ -172,8 +177,8 @@ func TestBorrowerGetsCDIDevicesAndUUID(t *testing.T) {
 	}
 	t.Logf("inside the borrower: %q", out)
 	alloc, err := deviceplugin.ListAllocated(context.Background(), filepath.Join(env(t, "KUBELET_ROOT"), "pod-resources", "kubelet.sock"))
-	if err != nil || len(alloc["gpud.io/idle-gpu"]) != 1 || alloc["gpud.io/idle-gpu"][0].Name != "cdiborrower" ||
-		strings.Join(alloc["gpud.io/idle-gpu"][0].DeviceIDs, ",") != uuid {
+	if err != nil || len(alloc[cdiResource]) != 1 || alloc[cdiResource][0].Name != "cdiborrower" ||
+		strings.Join(alloc[cdiResource][0].DeviceIDs, ",") != uuid {
 		t.Fatalf("PodResources: %+v %v, want the borrower holding %s", alloc, err, uuid)
 	}
 	borrowerPID := hold(t, holders, "cdiborrower")
