@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"github.com/cilium/ebpf"
 	"io"
 	"net/http"
 	"os"
@@ -144,8 +145,11 @@ func TestHelmUninstallLeavesNoGate(t *testing.T) {
 		t.Fatalf("helm install: %v\n%s", err, out)
 	}
 	installed = true
-	gates := testutil.DeviceGates(t)
-	if len(gates) != len(before)+1 {
+	// helm's --wait can return before the DaemonSet controller has counted
+	// the node (a DaemonSet that wants no pod yet reads as ready): wait
+	// for gpud's gate itself.
+	var gates []ebpf.ProgramID
+	if !testutil.Poll(60*time.Second, func() bool { gates = testutil.DeviceGates(t); return len(gates) == len(before)+1 }) {
 		t.Fatalf("device gates at the cgroup root: %v before, %v with gpud", before, gates)
 	}
 	for _, f := range []string{"/sys/fs/bpf/gpud/gate", "/run/gpud/state.json"} {
