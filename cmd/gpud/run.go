@@ -98,6 +98,7 @@ func runFlags() (*pflag.FlagSet, *runOptions) {
 	fs.StringVar(&cfg.HostDevDir, "host-dev-dir", "", "--dev-dir as the host sees it, for lent device nodes when gpud runs in a pod (default: the same)")
 	fs.BoolVar(&cfg.LendFree, "lend-free", false, "also lend GPUs nobody holds (not only idle ones)")
 	fs.StringVar(&o.lendMinMem, "lend-min-free-memory", resource.NewQuantity(int64(def.LendMinFreeMemory), resource.BinarySI).String(), "lend a GPU only with at least this much free memory, from NVML, e.g. 4Gi (0: any)")
+	fs.Var(config.NewList(&cfg.CDISpecDirs, def.CDISpecDirs, config.CheckAbsPath), "cdi-spec-dirs", "the container runtime's CDI spec directories, comma-separated: a lent GPU is named by CDI only when a spec there defines it (a CDI-enabled runtime refuses an undefined device)")
 	fs.StringVar(&cfg.CDIKind, "cdi-kind", def.CDIKind, "CDI kind a lent GPU is named under to CDI-enabled runtimes, as KIND=<UUID> when NVML gives the UUID (empty: no CDI device, only the node and NVIDIA_VISIBLE_DEVICES)")
 	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", def.MetricsAddr, "Prometheus /metrics, /healthz and /readyz listen address (empty disables)")
 	fs.StringVar(&cfg.MetricsWebConfig, "metrics-web-config", def.MetricsWebConfig, "TLS and basic auth for the metrics port: a Prometheus exporter-toolkit web config file, root's, that only root can change (empty: plain HTTP)")

@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -88,6 +89,9 @@ type Run struct {
 	// runtimes, as <kind>=<UUID> (NVIDIA's spec: nvidia.com/gpu); "" names
 	// none (the device node and NVIDIA_VISIBLE_DEVICES only).
 	CDIKind string
+	// CDISpecDirs are the runtime's CDI spec directories: a lent GPU is
+	// named by CDI only when a spec there defines it.
+	CDISpecDirs []string
 
 	// MetricsAddr serves /metrics, /healthz and /readyz; "" disables.
 	MetricsAddr string
@@ -137,6 +141,7 @@ func Defaults() Run {
 		ResourceName:       "gpud.io/idle-gpu",
 		OwnerResource:      "nvidia.com/gpu",
 		CDIKind:            "nvidia.com/gpu",
+		CDISpecDirs:        []string{"/etc/cdi", "/var/run/cdi"},
 		KubeletDir:         "/var/lib/kubelet/device-plugins",
 		PodResourcesSocket: "/var/lib/kubelet/pod-resources/kubelet.sock",
 		LendMinFreeMemory:  1 << 30,
@@ -207,7 +212,16 @@ func (r Run) Complete() Run {
 	list(&r.AgentComms, d.AgentComms)
 	list(&r.AgentNamespaces, d.AgentNamespaces)
 	list(&r.AgentLabels, d.AgentLabels)
+	list(&r.CDISpecDirs, d.CDISpecDirs)
 	return r
+}
+
+// CheckAbsPath accepts an absolute path (a list element of a path list).
+func CheckAbsPath(p string) error {
+	if !filepath.IsAbs(p) {
+		return fmt.Errorf("%q is not an absolute path", p)
+	}
+	return nil
 }
 
 // CheckCDIKind accepts "" (no CDI device) or a CDI kind vendor/class as

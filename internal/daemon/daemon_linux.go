@@ -519,6 +519,7 @@ func (d *Daemon) setupLending(proc *occupancy.ProcFS) {
 		MinFreeMemory: cfg.LendMinFreeMemory,
 	}, d.ledger, d.registry, d.gate, lending.Socket(cfg.PodResourcesSocket))
 	d.lender.Log, d.lender.ProcInfo = d.log, proc.Info
+	d.lender.CDI = &lending.CDISpecs{Dirs: cfg.CDISpecDirs}
 	d.lender.Changed = func() {
 		d.gate.Reclassified("loans changed")
 		d.writer.Kick()

@@ -139,6 +139,7 @@ func TestBorrowerGetsCDIDevicesAndUUID(t *testing.T) {
 		Enforce: true, FailOpenAfter: 30 * time.Second, DefaultPriority: occupancy.Unmanaged,
 		Reclaim: preempt.ReclaimEvict, ReservationTTL: 30 * time.Second, DockerHost: "none", CRIEndpoint: "none",
 		DevicePlugin: true, ResourceName: cdiResource, KubeletDir: env(t, "DEVICE_PLUGINS_DIR"), CDIKind: config.Defaults().CDIKind,
+		CDISpecDirs:        []string{env(t, "CDI_SPEC_DIR")},
 		PodResourcesSocket: filepath.Join(env(t, "KUBELET_ROOT"), "pod-resources", "kubelet.sock"),
 	}, NVML: &nvidia.NVML{Lib: lib}}, slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	if err != nil {

@@ -107,7 +107,8 @@ func TestRealNodeFixture(t *testing.T) {
 	startUUIDStandin(t, realNodeUUID)
 
 	deployChart(t, dev, "devicePlugin.enabled=true", "hostPaths.podResources="+filepath.Join(env(t, "KUBELET_ROOT"), "pod-resources"),
-		"hostPaths.driverRoot="+root, "gpud.idleAfter=3s", "gpud.defaultPriority=low", "devicePlugin.lendMinFreeMemory=4Gi")
+		"hostPaths.driverRoot="+root, "gpud.idleAfter=3s", "gpud.defaultPriority=low", "devicePlugin.lendMinFreeMemory=4Gi",
+		"devicePlugin.cdiSpecDirs={"+env(t, "CDI_SPEC_DIR")+"}")
 
 	f := waitHostState(t, 30*time.Second, "NVML from the driver root, the agents shown", func(f *v1.StateFile) bool {
 		return f.ActivitySource == "nvml" && len(f.GPUs[0].Agents) >= 1

@@ -108,7 +108,10 @@ type Lender struct {
 	Changed func()
 	Pods    Pods   // optional
 	Events  Events // optional
-	Log     *slog.Logger
+	// CDI says which CDI devices the node's specs define; nil names every
+	// lent GPU by CDI (tests).
+	CDI *CDISpecs
+	Log *slog.Logger
 
 	kick      chan struct{}
 	refreshMu sync.Mutex // one refresh at a time (run's ticker, and after Allocate)
@@ -296,9 +299,16 @@ func (l *Lender) Allocate(ids []string) (*pluginapi.ContainerAllocateResponse, e
 		visible = append(visible, visibleName(g.GPU))
 		// A CDI-enabled runtime (the GPU Operator's default since 25.10)
 		// injects the driver's libraries for the device NVIDIA's spec
-		// names by UUID; a runtime without CDI ignores the field.
+		// names by UUID; a runtime without CDI ignores the field, but one
+		// with CDI and no spec for it refuses the container: named only
+		// when a spec defines it.
 		if l.cfg.CDIKind != "" && validUUID(g.UUID) {
-			r.CdiDevices = append(r.CdiDevices, &pluginapi.CDIDevice{Name: l.cfg.CDIKind + "=" + g.UUID})
+			if l.CDI == nil || l.CDI.Has(l.cfg.CDIKind, g.UUID) {
+				r.CdiDevices = append(r.CdiDevices, &pluginapi.CDIDevice{Name: l.cfg.CDIKind + "=" + g.UUID})
+			} else {
+				l.Log.Info("no CDI spec defines the lent GPU: the borrower gets its device node and NVIDIA_VISIBLE_DEVICES only",
+					"gpu", idx, "cdi_device", l.cfg.CDIKind+"="+g.UUID, "spec_dirs", l.CDI.Dirs)
+			}
 		}
 		indexes = append(indexes, strconv.Itoa(idx))
 		owners = append(owners, l.ownerOf(idx, g))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -483,5 +484,50 @@ func TestOwnerMemoryGrowthTakesBack(t *testing.T) {
 	f.l.Memory(0, map[uint32]uint64{owner: 3 << 30, borrowerPID: 8 << 30})
 	if c := f.gate.taken(); len(c) != 1 || c[0].gpu != 0 || c[0].by != f.owner.PID || f.l.IsLent(0) {
 		t.Fatalf("owner's memory grew by 1 GiB: preemptions %+v, lent %v", c, f.l.IsLent(0))
+	}
+}
+
+// A lent GPU is named by CDI only when a spec in the runtime's spec
+// directories defines it: a CDI-enabled runtime refuses a container that
+// names an undefined device. Specs are YAML or JSON, symlinks are not
+// followed, other kinds do not count.
+func TestCDIDeviceOnlyWhenASpecDefinesIt(t *testing.T) {
+	f := newFixture(t)
+	f.l.cfg.CDIKind = "nvidia.com/gpu"
+	dir := t.TempDir()
+	cdi := func() []string {
+		f.l.CDI = &CDISpecs{Dirs: []string{dir, filepath.Join(dir, "missing")}}
+		r, err := f.l.Allocate([]string{"GPU-aaa"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, d := range r.CdiDevices {
+			names = append(names, d.Name)
+		}
+		if r.Envs["NVIDIA_VISIBLE_DEVICES"] != "GPU-aaa" || len(r.Devices) == 0 {
+			t.Errorf("the legacy contract is gone: %v %v", r.Envs, r.Devices)
+		}
+		return names
+	}
+	write := func(name, body string) {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := cdi(); len(got) != 0 {
+		t.Errorf("no spec: CDI devices %v", got)
+	}
+	write("other.yaml", "cdiVersion: 0.6.0\nkind: example.com/gpu\ndevices:\n- name: GPU-aaa\n")
+	write("notes.txt", "kind: nvidia.com/gpu\ndevices:\n- name: GPU-aaa\n")
+	real := filepath.Join(t.TempDir(), "nvidia.yaml")
+	os.WriteFile(real, []byte("cdiVersion: 0.6.0\nkind: nvidia.com/gpu\ndevices:\n- name: GPU-aaa\n"), 0o644)
+	os.Symlink(real, filepath.Join(dir, "linked.yaml"))
+	if got := cdi(); len(got) != 0 {
+		t.Errorf("another kind, a .txt, a symlink: CDI devices %v", got)
+	}
+	write("nvidia.json", `{"cdiVersion":"0.6.0","kind":"nvidia.com/gpu","devices":[{"name":"0"},{"name":"GPU-aaa"}]}`)
+	if got := cdi(); !slices.Equal(got, []string{"nvidia.com/gpu=GPU-aaa"}) {
+		t.Errorf("NVIDIA's spec defines it: CDI devices %v", got)
 	}
 }
