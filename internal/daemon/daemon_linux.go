@@ -203,6 +203,7 @@ func (d *Daemon) Monitor() *bpf.Monitor              { return d.mon }
 func (d *Daemon) Registry() *workload.Registry       { return d.registry }
 func (d *Daemon) Journal() *preempt.Journal          { return d.journal }
 func (d *Daemon) Plugin() *deviceplugin.Plugin       { return d.plugin }
+func (d *Daemon) Executor() *preempt.Executor        { return d.executor }
 func (d *Daemon) Metrics() *metrics.Metrics          { return d.metrics }
 func (d *Daemon) Reservation(gpu int) (uint64, bool) { return d.gate.Reservation(gpu) }
 
@@ -519,6 +520,7 @@ func (d *Daemon) setupLending(proc *occupancy.ProcFS) {
 		MinFreeMemory: cfg.LendMinFreeMemory,
 	}, d.ledger, d.registry, d.gate, lending.Socket(cfg.PodResourcesSocket))
 	d.lender.Log, d.lender.ProcInfo = d.log, proc.Info
+	d.lender.Suspended = d.executor.SuspendedPod
 	d.lender.Changed = func() {
 		d.gate.Reclassified("loans changed")
 		d.writer.Kick()

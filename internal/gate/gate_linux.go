@@ -166,7 +166,7 @@ func (c *Controller) workload(info occupancy.ProcInfo, reason string) preempt.Ta
 func (c *Controller) victim(info occupancy.ProcInfo, reason string) preempt.Victim {
 	v := preempt.Victim{ProcInfo: info, TaskID: c.taskID(info), Workload: c.workload(info, reason)}
 	if w, ok := c.Registry.Lookup(info); ok {
-		v.WorkloadCgroup = w.CgroupID
+		v.WorkloadCgroup, v.LivenessProbe = w.CgroupID, w.LivenessProbe
 		if w.PreemptMode != "" {
 			// A malformed label gets the node's mode: it only chooses
 			// between two ways of preempting.

@@ -21,6 +21,9 @@ type Victim struct {
 	// WorkloadCgroup is the v2 id of its workload's cgroup (its pod's or
 	// container's), the cgroup a freeze freezes; 0: its own cgroup.
 	WorkloadCgroup uint64
+	// LivenessProbe: its pod has a liveness probe, so it is killed rather
+	// than frozen (FreezeSafe).
+	LivenessProbe bool
 }
 
 // Executor carries out verdicts off the hot path: it writes the checkpoint

@@ -50,15 +50,16 @@ type suspension struct {
 }
 
 func (e *Executor) mode(v Victim) Mode {
-	if v.Mode != "" {
-		return v.Mode
+	m := v.Mode
+	if m == "" {
+		e.mu.Lock()
+		m = e.Mode
+		e.mu.Unlock()
 	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.Mode == "" {
+	if m == "" {
 		return ModeKill
 	}
-	return e.Mode
+	return FreezeSafe(m, v.LivenessProbe)
 }
 
 // SetMode changes the default preemption mode for the preemptions that
@@ -448,11 +449,32 @@ func ThawWhen(s Suspension) string {
 	if s.Paused {
 		return "paused by someone else (docker pause, an admin): gpud neither thaws nor kills it; unpause it"
 	}
-	w := fmt.Sprintf("thawed when no high-priority process holds GPU %v (nor a lent GPU's owner is active)", s.GPUs)
+	w := fmt.Sprintf("thawed when no high-priority process holds GPU %v (a lent GPU's owner idle for --idle-after does not: the GPU is lent again)", s.GPUs)
 	if s.KillAt != nil {
 		w += fmt.Sprintf("; killed and reclaimed if still frozen at %s", s.KillAt.Format(time.RFC3339))
 	}
 	return w
+}
+
+// SuspendedPod reports whether gpud froze (and has not thawed) a workload
+// of the pod podUID: a suspension by gpud, not one paused by someone else.
+func (e *Executor) SuspendedPod(podUID string) bool {
+	if podUID == "" {
+		return false
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, s := range e.susp {
+		if s.fz == nil {
+			continue
+		}
+		for _, v := range s.victims {
+			if v.PodUID == podUID {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // SuspendedPID reports the suspension that holds pid, if any.

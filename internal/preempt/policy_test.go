@@ -66,3 +66,35 @@ func TestParseModeAndResumable(t *testing.T) {
 		t.Error("Resumable: a suspended workload resumes exactly when no high priority holds its GPUs")
 	}
 }
+
+func TestRelendAndFreezeSafe(t *testing.T) {
+	for _, c := range []struct {
+		s    LoanBack
+		want bool
+	}{
+		{LoanBack{OwnerIdle: true, BorrowerSuspended: true, Healthy: true}, true},
+		{LoanBack{OwnerIdle: false, BorrowerSuspended: true, Healthy: true}, false}, // the owner works
+		{LoanBack{OwnerIdle: true, BorrowerSuspended: false, Healthy: true}, false}, // killed, or paused by someone else
+		{LoanBack{OwnerIdle: true, BorrowerSuspended: true, Healthy: false}, false},
+		{LoanBack{}, false},
+	} {
+		if got := Relend(c.s); got != c.want {
+			t.Errorf("Relend(%+v) = %v, want %v", c.s, got, c.want)
+		}
+	}
+	for _, c := range []struct {
+		m        Mode
+		liveness bool
+		want     Mode
+	}{
+		{ModeFreeze, false, ModeFreeze},
+		{ModeFreeze, true, ModeKill},
+		{ModeKill, false, ModeKill},
+		{ModeKill, true, ModeKill},
+		{"", true, ""}, // the node's mode, decided by the executor
+	} {
+		if got := FreezeSafe(c.m, c.liveness); got != c.want {
+			t.Errorf("FreezeSafe(%q, %v) = %q, want %q", c.m, c.liveness, got, c.want)
+		}
+	}
+}
