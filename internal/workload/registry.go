@@ -64,8 +64,8 @@ type Workload struct {
 	// LivenessProbe: one of the pod's containers has a liveness probe
 	// (known from the API server only): it is killed rather than frozen.
 	LivenessProbe bool
-	Priority    occupancy.Priority
-	CgroupID    uint64 // cgroup v2 id of the container or pod, 0 until known
+	Priority      occupancy.Priority
+	CgroupID      uint64 // cgroup v2 id of the container or pod, 0 until known
 	// Agent: a pod of system agents (Agents.Pod); its Priority is
 	// Unmanaged, so the gate never hears of its cgroup.
 	Agent bool

@@ -113,7 +113,7 @@ type Lender struct {
 	// keeps it frozen (the executor's SuspendedPod): a borrower suspended
 	// at a take-back is lent its GPU again when the owner idles (Relend).
 	Suspended func(podUID string) bool
-	Log     *slog.Logger
+	Log       *slog.Logger
 
 	kick      chan struct{}
 	refreshMu sync.Mutex // one refresh at a time (run's ticker, and after Allocate)
