@@ -416,6 +416,20 @@ func (c *Controller) Sync() {
 // borrower beside its idle owner would look like a low holder of a
 // high-held GPU.
 func (c *Controller) Judge() {
+	if c.Exec != nil && c.Exec.Journal != nil {
+		// What a gpud killed outright left frozen is this one's again
+		// before anything is judged: a frozen holder is not judged twice.
+		c.Ledger.Reclassify(c.Registry.ClassifyProc)
+		var cands []preempt.AdoptCandidate
+		for gpu := range c.Ledger.Counts() {
+			for _, h := range c.Ledger.Holders(gpu) {
+				cands = append(cands, preempt.AdoptCandidate{GPU: gpu, Victim: c.victim(h, "adopted from the previous gpud")})
+			}
+		}
+		if a, th := c.Exec.Adopt(c.Exec.Journal.Recent(), cands); a+th > 0 {
+			c.Log.Info("the previous gpud's frozen workloads", "adopted", a, "thawed", th)
+		}
+	}
 	c.judging.Store(true)
 	c.Rejudge("gpud started")
 }

@@ -73,6 +73,9 @@ func (e *Executor) killAll(gpu int, rule string, preemptor Party, victims []Vict
 			}
 		}
 		e.mu.Lock()
+		if e.dead == nil { // a kill with no Preempt before it (an adopted workload frozen too long)
+			e.dead = map[deadKey]time.Time{}
+		}
 		for _, k := range ks {
 			delete(e.killing, k.v.PID)
 			e.dead[deadKey{k.v.PID, k.v.StartTime}] = time.Now()

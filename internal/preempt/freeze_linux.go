@@ -47,6 +47,10 @@ type suspension struct {
 	preemptor Party
 	killAt    time.Time // zero: never
 	timer     *time.Timer
+	// resumeAfter: not thawed before, unless its GPUs were seen held by
+	// high priority since (a fresh freeze: since + minSuspended; an
+	// adopted one: the adoption + adoptGrace).
+	resumeAfter time.Time
 }
 
 func (e *Executor) mode(v Victim) Mode {
@@ -163,7 +167,7 @@ func (e *Executor) freezeAll(gpu int, rule string, preemptor Party, victims []Vi
 		}
 		e.mu.Unlock()
 		now := time.Now()
-		s = &suspension{path: path, kind: g.fz.Kind, since: now.UTC(), gpus: map[int]bool{gpu: true},
+		s = &suspension{path: path, kind: g.fz.Kind, since: now.UTC(), resumeAfter: now.Add(minSuspended), gpus: map[int]bool{gpu: true},
 			victims: g.victims, rule: rule, reason: g.victims[0].Workload.Reason, preemptor: preemptor}
 		result := "done"
 		paused, err := g.fz.Paused()
@@ -284,7 +288,7 @@ func (e *Executor) Resume(held func(gpu int) Holding) {
 			s.seenHeld = true
 			continue
 		}
-		if !s.seenHeld && now.Sub(s.since) < minSuspended {
+		if !s.seenHeld && now.Before(s.resumeAfter) {
 			continue
 		}
 		delete(e.susp, path)
