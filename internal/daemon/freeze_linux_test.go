@@ -49,6 +49,11 @@ func lowCounter(t *testing.T, e *env, gpu int, v1 bool) (int, string) {
 	})
 	pid := cmd.Process.Pid
 	testutil.Eventually(t, 5*time.Second, "the low counter holds the GPU", func() bool {
+		if !testutil.Alive(pid) {
+			// Its open was refused (it exits): say so at once, with who
+			// held the GPU, rather than time out.
+			t.Fatalf("the low counter exited (its open of GPU %d refused?); holders: %+v; log:\n%s", gpu, e.d.Ledger().Holders(gpu), e.logs.String())
+		}
 		for _, h := range e.d.Ledger().Holders(gpu) {
 			if h.PID == pid && h.Priority == occupancy.Low {
 				return true
