@@ -498,6 +498,7 @@ func (d *Daemon) setupWorkloads(cgroupRoot string) error {
 	d.executor = &preempt.Executor{
 		ProcRoot: cfg.ProcRoot, Grace: cfg.PreemptGrace, CheckpointRoot: cfg.CheckpointRoot,
 		Mode: preempt.Mode(cfg.PreemptMode), MaxFrozen: cfg.MaxFrozen, CgroupRoot: cgroupRoot,
+		CheckpointTimeout: cfg.CheckpointTimeout, CheckpointFallback: preempt.Mode(cfg.CheckpointFallback),
 		Suspended: func() {
 			if d.writer != nil {
 				d.writer.Kick()
@@ -507,6 +508,16 @@ func (d *Daemon) setupWorkloads(cgroupRoot string) error {
 		Holds: func(pid, gpu int) bool {
 			return d.tracker.Proc.HoldsGPU(pid, gpu, d.ledger.FDs(pid, gpu))
 		},
+	}
+	if cfg.PreemptMode == string(preempt.ModeCheckpoint) || cfg.CUDALibrary != "" {
+		// Said at start-up: where the driver has no checkpoint API,
+		// checkpoint-mode preemptions take the fallback.
+		if c, err := nvidia.OpenCUDACheckpoint(cfg.CUDALibrary); err != nil {
+			d.log.Warn("no CUDA checkpoint API: --preempt-mode checkpoint uses its fallback", "fallback", cfg.CheckpointFallback, "error", err)
+		} else {
+			d.executor.CUDA = c
+			d.log.Info("CUDA checkpoint API loaded", "driver_api_version", c.Driver, "lock_timeout", cfg.CheckpointTimeout)
+		}
 	}
 	return nil
 }

@@ -1,6 +1,8 @@
 package daemon_test
 
 import (
+	"fmt"
+	"github.com/gpud/gpud/internal/nvidia"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -360,5 +362,68 @@ func TestFrozenAdoptedAfterGpudKilled(t *testing.T) {
 			}
 		}
 		return false
+	})
+}
+
+// --preempt-mode checkpoint on the real gate, with the CUDA double as
+// libcuda: a driver without the API is said at start-up and the fallback
+// (freeze) used; with it, the low counter is CUDA-checkpointed (the
+// double's state says so) and frozen, then thawed and restored (running
+// again) when the high holder leaves.
+func TestCheckpointModeWithTheCUDADouble(t *testing.T) {
+	lib := testutil.NewCUDADouble(t)
+	start := func(script string) *env {
+		testutil.CUDAScript(t, lib, script)
+		e := newEnv(t)
+		e.cfg.Enforce, e.cfg.FailOpenAfter, e.cfg.DockerHost, e.cfg.Reclaim = true, 30*time.Second, "none", "none"
+		e.cfg.ReservationTTL, e.cfg.MaxFrozen = 30*time.Second, time.Hour
+		e.cfg.PreemptMode, e.cfg.CheckpointFallback, e.cfg.CUDALibrary = string(preempt.ModeCheckpoint), "freeze", lib
+		e.cfg.CheckpointTimeout = time.Second
+		e.start()
+		return e
+	}
+	t.Run("no API: said, and frozen", func(t *testing.T) {
+		e := start("driver version=12040\n")
+		if !strings.Contains(e.logs.String(), "no CUDA checkpoint API") {
+			t.Fatal("start-up does not say the driver lacks the checkpoint API")
+		}
+		lowCounter(t, e, 0, false)
+		high, _ := classified(t, e.d.Registry(), "high", occupancy.High, "high")
+		high.do("open %s", e.gpus[0].Path)
+		testutil.Eventually(t, 5*time.Second, "a freeze record with the fallback said", func() bool {
+			fr := records(e, preempt.ActionFreeze)
+			return len(fr) > 0 && strings.Contains(fr[0].Result, "no CUDA checkpoint API on this node: freeze")
+		})
+	})
+	t.Run("checkpointed, frozen, thawed, restored", func(t *testing.T) {
+		e := start("driver version=12080\n")
+		if !strings.Contains(e.logs.String(), "CUDA checkpoint API loaded") {
+			t.Fatal("start-up does not say the checkpoint API was loaded")
+		}
+		pid, file := lowCounter(t, e, 0, false)
+		testutil.CUDAScript(t, lib, fmt.Sprintf("driver version=12080\npid pid=%d lock=ok checkpoint=ok restore=ok\n", pid))
+		cuda, err := nvidia.OpenCUDACheckpoint(lib) // the same library: the same states
+		if err != nil {
+			t.Fatal(err)
+		}
+		high, _ := classified(t, e.d.Registry(), "high", occupancy.High, "high")
+		hfd := high.doInt("open %s", e.gpus[0].Path)
+		testutil.Eventually(t, 5*time.Second, "a freeze record of the checkpointed counter", func() bool {
+			for _, r := range records(e, preempt.ActionFreeze) {
+				if r.Victim.PID == pid && strings.Contains(r.Result, "CUDA checkpointed") {
+					return true
+				}
+			}
+			return false
+		})
+		if st, err := cuda.State(pid); err != nil || st != nvidia.CUDACheckpointed {
+			t.Fatalf("the counter's CUDA state %q %v, want checkpointed", st, err)
+		}
+		at := testutil.Counted(file)
+		high.do("close %d", hfd)
+		testutil.Eventually(t, 10*time.Second, "thawed, counting on", func() bool { return testutil.Counted(file) > at+3 })
+		if st, err := cuda.State(pid); err != nil || st != nvidia.CUDARunning {
+			t.Fatalf("the counter's CUDA state %q %v after the thaw, want running", st, err)
+		}
 	})
 }

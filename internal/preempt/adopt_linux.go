@@ -34,7 +34,7 @@ func Unthawed(recs []Record) map[string]Record {
 	for _, r := range recs {
 		switch r.Action {
 		case ActionFreeze:
-			if r.Result != "done" || r.Cgroup == "" {
+			if !strings.HasPrefix(r.Result, "done") || r.Cgroup == "" { // "done; CUDA checkpointed …" too
 				continue
 			}
 			o := m[r.Cgroup]

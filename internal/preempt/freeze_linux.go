@@ -51,6 +51,9 @@ type suspension struct {
 	// high priority since (a fresh freeze: since + minSuspended; an
 	// adopted one: the adoption + adoptGrace).
 	resumeAfter time.Time
+	// checkpointed: the PIDs whose CUDA state was checkpointed (restored
+	// after the thaw).
+	checkpointed []int
 }
 
 func (e *Executor) mode(v Victim) Mode {
@@ -183,6 +186,22 @@ func (e *Executor) freezeAll(gpu int, rule string, preemptor Party, victims []Vi
 			g.fz.Close()
 			result = "paused by someone else: left as it is"
 		default:
+			ckpt, killGroup, note := e.checkpointGroup(g.victims)
+			if killGroup {
+				g.fz.Close()
+				e.log().Warn("checkpoint mode: killing instead", "cgroup", path, "why", note)
+				kill = append(kill, g.victims...)
+				continue
+			}
+			if note != "" {
+				result = "done; " + note
+			}
+			s.checkpointed = ckpt
+			for i := range s.victims {
+				if slices.Contains(ckpt, s.victims[i].PID) {
+					s.victims[i].Released = true
+				}
+			}
 			err := g.fz.Freeze()
 			if err == nil {
 				err = g.fz.WaitFrozen(e.freezeWait())
@@ -191,6 +210,7 @@ func (e *Executor) freezeAll(gpu int, rule string, preemptor Party, victims []Vi
 				if terr := g.fz.Thaw(); terr != nil {
 					e.log().Error("thawing a failed freeze", "cgroup", path, "error", terr)
 				}
+				e.restore(ckpt)
 				g.fz.Close()
 				e.log().Warn("freeze failed: killing instead", "cgroup", path, "error", err)
 				kill = append(kill, g.victims...)
@@ -319,6 +339,8 @@ func (e *Executor) thawAll(ss []*suspension, why string) {
 		} else {
 			if err := s.fz.Thaw(); err != nil {
 				result = err.Error()
+			} else if msg := e.restore(s.checkpointed); msg != "" {
+				result = msg
 			}
 			s.fz.Close()
 		}
@@ -430,6 +452,7 @@ func (e *Executor) Suspensions() []Suspension {
 			Namespace: v0.Workload.Namespace, Pod: v0.Workload.Name, TaskID: v0.TaskID,
 			Cgroup: s.path, Freezer: s.kind, GPUs: sortedGPUs(s.gpus), Since: s.since,
 			Reason: s.reason, Preemptor: s.preemptor, Paused: s.fz == nil,
+			Checkpointed: slices.Clone(s.checkpointed),
 		}
 		if x.Workload == "" {
 			x.Workload = "cgroup " + s.path

@@ -14,19 +14,24 @@ const (
 	// kept) and thaws it once its GPUs have no high-priority holder again;
 	// frozen longer than --max-frozen, it is killed and reclaimed.
 	ModeFreeze Mode = "freeze"
+	// ModeCheckpoint checkpoints each victim's CUDA state to host memory
+	// (the driver's checkpoint API: the GPU is released) and then freezes
+	// its workload as ModeFreeze does; restored after the thaw. Where the
+	// checkpoint is unsupported or fails: the executor's fallback.
+	ModeCheckpoint Mode = "checkpoint"
 )
 
 // ParseMode checks a --preempt-mode or gpud.io/preempt-mode value: exactly
-// kill or freeze, nothing trimmed.
+// kill, freeze or checkpoint, nothing trimmed.
 func ParseMode(v string) (Mode, error) {
 	switch Mode(v) {
-	case ModeKill, ModeFreeze:
+	case ModeKill, ModeFreeze, ModeCheckpoint:
 		return Mode(v), nil
 	}
 	if len(v) > 64 {
 		v = v[:64] + "…"
 	}
-	return "", fmt.Errorf("preempt: mode %q: want kill or freeze", v)
+	return "", fmt.Errorf("preempt: mode %q: want kill, freeze or checkpoint", v)
 }
 
 // Resumable is the rule for a suspended workload: it runs again once none
@@ -64,7 +69,7 @@ func Relend(s LoanBack) bool { return s.OwnerIdle && s.BorrowerSuspended && s.He
 // restarts the container: what the freeze kept would be lost anyway, later,
 // and by a restart nobody asked for.
 func FreezeSafe(m Mode, livenessProbe bool) Mode {
-	if m == ModeFreeze && livenessProbe {
+	if (m == ModeFreeze || m == ModeCheckpoint) && livenessProbe {
 		return ModeKill
 	}
 	return m

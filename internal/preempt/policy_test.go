@@ -52,12 +52,12 @@ func TestRulesTable(t *testing.T) {
 }
 
 func TestParseModeAndResumable(t *testing.T) {
-	for _, v := range []string{"kill", "freeze"} {
+	for _, v := range []string{"kill", "freeze", "checkpoint"} {
 		if m, err := ParseMode(v); err != nil || string(m) != v {
 			t.Errorf("ParseMode(%q) = %q %v", v, m, err)
 		}
 	}
-	for _, v := range []string{"", "Freeze", " freeze", "freeze\n", "checkpoint", "stop"} {
+	for _, v := range []string{"", "Freeze", " freeze", "freeze\n", "Checkpoint", "stop"} {
 		if _, err := ParseMode(v); err == nil {
 			t.Errorf("ParseMode(%q) accepted", v)
 		}
@@ -91,6 +91,8 @@ func TestRelendAndFreezeSafe(t *testing.T) {
 		{ModeFreeze, true, ModeKill},
 		{ModeKill, false, ModeKill},
 		{ModeKill, true, ModeKill},
+		{ModeCheckpoint, true, ModeKill},
+		{ModeCheckpoint, false, ModeCheckpoint},
 		{"", true, ""}, // the node's mode, decided by the executor
 	} {
 		if got := FreezeSafe(c.m, c.liveness); got != c.want {
