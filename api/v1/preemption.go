@@ -66,6 +66,10 @@ type Suspension struct {
 	// Paused: it was frozen by someone else (docker pause, an admin)
 	// before gpud would have: gpud neither thaws nor kills it.
 	Paused bool `json:"paused,omitempty"`
+	// Checkpointed: its PIDs whose CUDA state was checkpointed to host
+	// memory (--preempt-mode checkpoint): they hold no GPU while
+	// suspended, released by the suspension, and are restored at the thaw.
+	Checkpointed []int `json:"checkpointed,omitempty"`
 	// ThawWhen says in words what thaws it.
 	ThawWhen string `json:"thaw_when"`
 }

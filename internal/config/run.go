@@ -44,7 +44,15 @@ type Run struct {
 	PreemptMode string
 	// MaxFrozen: a workload frozen this long is killed and reclaimed (0:
 	// never).
-	MaxFrozen      time.Duration
+	MaxFrozen time.Duration
+	// CheckpointFallback is what --preempt-mode checkpoint does where the
+	// CUDA checkpoint cannot be done: freeze or kill.
+	CheckpointFallback string
+	// CheckpointTimeout bounds the CUDA lock of one process.
+	CheckpointTimeout time.Duration
+	// CUDALibrary is libcuda's path ("": libcuda.so.1 by the dynamic
+	// loader's search).
+	CUDALibrary    string
 	Reclaim        string // stop | remove | evict | delete | none
 	ReservationTTL time.Duration
 	CheckpointRoot string
@@ -136,6 +144,8 @@ func Defaults() Run {
 		Reclaim:            "stop",
 		PreemptMode:        "kill",
 		MaxFrozen:          30 * time.Minute,
+		CheckpointFallback: "freeze",
+		CheckpointTimeout:  10 * time.Second,
 		ReservationTTL:     30 * time.Second,
 		CheckpointRoot:     "/var/lib/gpud/checkpoints",
 		ResourceName:       "gpud.io/idle-gpu",
@@ -191,6 +201,8 @@ func (r Run) Complete() Run {
 	str(&r.DriverRoot, d.DriverRoot)
 	str(&r.Reclaim, d.Reclaim)
 	str(&r.PreemptMode, d.PreemptMode)
+	str(&r.CheckpointFallback, d.CheckpointFallback)
+	dur(&r.CheckpointTimeout, d.CheckpointTimeout)
 	str(&r.ResourceName, d.ResourceName)
 	str(&r.OwnerResource, d.OwnerResource)
 	str(&r.KubeletDir, d.KubeletDir)

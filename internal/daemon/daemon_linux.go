@@ -203,6 +203,7 @@ func (d *Daemon) Monitor() *bpf.Monitor              { return d.mon }
 func (d *Daemon) Registry() *workload.Registry       { return d.registry }
 func (d *Daemon) Journal() *preempt.Journal          { return d.journal }
 func (d *Daemon) Plugin() *deviceplugin.Plugin       { return d.plugin }
+func (d *Daemon) Executor() *preempt.Executor        { return d.executor }
 func (d *Daemon) Metrics() *metrics.Metrics          { return d.metrics }
 func (d *Daemon) Reservation(gpu int) (uint64, bool) { return d.gate.Reservation(gpu) }
 
@@ -497,6 +498,7 @@ func (d *Daemon) setupWorkloads(cgroupRoot string) error {
 	d.executor = &preempt.Executor{
 		ProcRoot: cfg.ProcRoot, Grace: cfg.PreemptGrace, CheckpointRoot: cfg.CheckpointRoot,
 		Mode: preempt.Mode(cfg.PreemptMode), MaxFrozen: cfg.MaxFrozen, CgroupRoot: cgroupRoot,
+		CheckpointTimeout: cfg.CheckpointTimeout, CheckpointFallback: preempt.Mode(cfg.CheckpointFallback),
 		Suspended: func() {
 			if d.writer != nil {
 				d.writer.Kick()
@@ -506,6 +508,16 @@ func (d *Daemon) setupWorkloads(cgroupRoot string) error {
 		Holds: func(pid, gpu int) bool {
 			return d.tracker.Proc.HoldsGPU(pid, gpu, d.ledger.FDs(pid, gpu))
 		},
+	}
+	if cfg.PreemptMode == string(preempt.ModeCheckpoint) || cfg.CUDALibrary != "" {
+		// Said at start-up: where the driver has no checkpoint API,
+		// checkpoint-mode preemptions take the fallback.
+		if c, err := nvidia.OpenCUDACheckpoint(cfg.CUDALibrary); err != nil {
+			d.log.Warn("no CUDA checkpoint API: --preempt-mode checkpoint uses its fallback", "fallback", cfg.CheckpointFallback, "error", err)
+		} else {
+			d.executor.CUDA = c
+			d.log.Info("CUDA checkpoint API loaded", "driver_api_version", c.Driver, "lock_timeout", cfg.CheckpointTimeout)
+		}
 	}
 	return nil
 }
@@ -520,6 +532,7 @@ func (d *Daemon) setupLending(proc *occupancy.ProcFS) {
 	}, d.ledger, d.registry, d.gate, lending.Socket(cfg.PodResourcesSocket))
 	d.lender.Log, d.lender.ProcInfo = d.log, proc.Info
 	d.lender.CDI = &lending.CDISpecs{Dirs: cfg.CDISpecDirs}
+	d.lender.Suspended = d.executor.SuspendedPod
 	d.lender.Changed = func() {
 		d.gate.Reclassified("loans changed")
 		d.writer.Kick()

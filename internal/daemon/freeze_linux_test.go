@@ -1,10 +1,14 @@
 package daemon_test
 
 import (
+	"fmt"
+	"github.com/gpud/gpud/internal/nvidia"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -47,6 +51,11 @@ func lowCounter(t *testing.T, e *env, gpu int, v1 bool) (int, string) {
 	})
 	pid := cmd.Process.Pid
 	testutil.Eventually(t, 5*time.Second, "the low counter holds the GPU", func() bool {
+		if !testutil.Alive(pid) {
+			// Its open was refused (it exits): say so at once, with who
+			// held the GPU, rather than time out.
+			t.Fatalf("the low counter exited (its open of GPU %d refused?); holders: %+v; log:\n%s", gpu, e.d.Ledger().Holders(gpu), e.logs.String())
+		}
 		for _, h := range e.d.Ledger().Holders(gpu) {
 			if h.PID == pid && h.Priority == occupancy.Low {
 				return true
@@ -212,4 +221,209 @@ func cgroupOf(t *testing.T, pid int) string {
 		t.Fatal(err)
 	}
 	return filepath.Join(root, info.V2Path)
+}
+
+// containerCount reads /tmp/count in a container through its init's /proc
+// root (a docker exec into a frozen container would freeze too); -1 when
+// unreadable.
+func containerCount(t *testing.T, c *ctr) int {
+	t.Helper()
+	out, err := exec.Command("docker", "inspect", "-f", "{{.State.Pid}}", c.id).Output()
+	if err != nil {
+		return -1
+	}
+	b, err := os.ReadFile("/proc/" + strings.TrimSpace(string(out)) + "/root/tmp/count")
+	if err != nil {
+		return -1
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+// A gpud killed outright (SIGKILL) while a workload is frozen: the
+// workload stays frozen (nothing runs it), and the next gpud adopts it
+// from the journal (its freeze record without a thaw): it shows as gpud's
+// suspension (not as paused by someone else), is thawed when the rule says
+// (the high holder gone) and counts on from where it stopped; frozen
+// again, gpud killed again, and the next gpud started with a --max-frozen
+// the freeze has already outlived: it kills and records it. The real gpud
+// binary, Docker containers labelled high and low.
+func TestFrozenAdoptedAfterGpudKilled(t *testing.T) {
+	requireDocker(t)
+	bin, err := buildGpud()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t)
+	dir := e.dir
+	g := &gpudProc{t: t, bin: bin, metrics: freeAddr(t)}
+	g.log, _ = os.Create(filepath.Join(dir, "gpud.log"))
+	args := []string{"run", "--dev-dir", e.cfg.DevDir, "--state-file", e.cfg.StateFile, "--state-dir", dir,
+		"--control-socket", "", "--metrics-addr", g.metrics, "--bpf-pin-dir", pinDir(t), "--cri-endpoint", "none",
+		"--reclaim", "none", "--idle-after", "1m", "--resync-interval", "0", "--log-level", "debug",
+		"--enforce", "--preempt-mode", "freeze"}
+	g.args = append(args, "--max-frozen", "1h")
+	t.Cleanup(func() {
+		if g.cmd != nil && g.cmd.ProcessState == nil {
+			g.cmd.Process.Signal(syscall.SIGTERM)
+			g.cmd.Wait()
+		}
+		if t.Failed() {
+			b, _ := os.ReadFile(g.log.Name())
+			lines := strings.Split(string(b), "\n")
+			t.Logf("gpud's log (last lines):\n%s", strings.Join(lines[max(0, len(lines)-60):], "\n"))
+		}
+	})
+	g.start()
+	ctrs := &env{t: t, dir: dir, gpus: e.gpus, truth: e.truth}
+	high := startLabelled(t, ctrs, "adopt-high", "gpud.io/priority=high")
+	low := startLabelled(t, ctrs, "adopt-low", "gpud.io/priority=low")
+	t.Cleanup(func() { exec.Command("docker", "unpause", low.id).Run() })
+	if out, err := exec.Command("docker", "exec", "-d", low.id, "sh", "-c",
+		"exec 3<>/dev/nvidia1; i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done").CombinedOutput(); err != nil {
+		t.Fatalf("docker exec: %v %s", err, out)
+	}
+	testutil.Eventually(t, 10*time.Second, "the low container counts", func() bool { return containerCount(t, low) > 3 })
+	suspended := func(what string, ok func(s v1.Suspension) bool) {
+		t.Helper()
+		testutil.WaitStateFile(t, e.cfg.StateFile, 10*time.Second, func(f *v1.StateFile) bool {
+			return len(f.Suspended) == 1 && ok(f.Suspended[0])
+		})
+	}
+	stopped := func(what string) int {
+		t.Helper()
+		var at int
+		testutil.Eventually(t, 10*time.Second, what, func() bool {
+			a := containerCount(t, low)
+			time.Sleep(300 * time.Millisecond)
+			at = containerCount(t, low)
+			return a > 0 && a == at
+		})
+		return at
+	}
+
+	hpid := high.hold(1)
+	suspended("frozen by gpud", func(s v1.Suspension) bool { return !s.Paused && s.ContainerID == low.id })
+	at := stopped("the counter stopped")
+	g.kill9()
+	time.Sleep(500 * time.Millisecond)
+	if n := containerCount(t, low); n != at {
+		t.Fatalf("the frozen workload ran with gpud dead: %d → %d", at, n)
+	}
+	journal := filepath.Join(dir, "preemptions.jsonl")
+	actions := func(action string) int {
+		n := 0
+		for _, r := range journalRecords(t, journal) {
+			if r.Action == action && r.Victim.ContainerID == low.id {
+				n++
+			}
+		}
+		return n
+	}
+	freezes := actions(preempt.ActionFreeze)
+	g.start()
+	suspended("adopted by the next gpud", func(s v1.Suspension) bool { return !s.Paused && s.ContainerID == low.id && s.KillAt != nil })
+	time.Sleep(1500 * time.Millisecond)
+	if n := containerCount(t, low); n != at {
+		t.Fatalf("the adopted workload ran while the high holder holds the GPU: %d → %d", at, n)
+	}
+	if n, th := actions(preempt.ActionFreeze), actions(preempt.ActionThaw); n != freezes || th != 0 {
+		t.Fatalf("after the adoption: %d freeze records (was %d), %d thaws: adopted, not thawed and frozen again", n, freezes, th)
+	}
+	syscall.Kill(hpid, syscall.SIGKILL)
+	testutil.Eventually(t, 10*time.Second, "thawed, counting on from where it stopped", func() bool { return containerCount(t, low) > at+3 })
+	recs := journalRecords(t, journal)
+	thawed := false
+	for _, r := range recs {
+		if r.Action == preempt.ActionThaw && r.Victim.ContainerID == low.id && r.Result == "done" {
+			thawed = true
+		}
+	}
+	if !thawed {
+		t.Fatalf("no thaw record of the adopted workload: %+v", recs)
+	}
+
+	// Frozen again, gpud killed again; the next one's --max-frozen is
+	// already past: killed and recorded.
+	high.hold(1)
+	suspended("frozen again", func(s v1.Suspension) bool { return !s.Paused && s.ContainerID == low.id })
+	stopped("the counter stopped again")
+	g.kill9()
+	time.Sleep(1500 * time.Millisecond)
+	g.args = append(args, "--max-frozen", "1s")
+	g.start()
+	testutil.Eventually(t, 15*time.Second, "killed at --max-frozen after the adoption", func() bool {
+		for _, r := range journalRecords(t, journal) {
+			if r.Action == preempt.ActionKill && r.Victim.ContainerID == low.id && strings.Contains(r.Rule, "max-frozen") && r.Result == "done" {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// --preempt-mode checkpoint on the real gate, with the CUDA double as
+// libcuda: a driver without the API is said at start-up and the fallback
+// (freeze) used; with it, the low counter is CUDA-checkpointed (the
+// double's state says so) and frozen, then thawed and restored (running
+// again) when the high holder leaves.
+func TestCheckpointModeWithTheCUDADouble(t *testing.T) {
+	lib := testutil.NewCUDADouble(t)
+	start := func(script string) *env {
+		testutil.CUDAScript(t, lib, script)
+		e := newEnv(t)
+		e.cfg.Enforce, e.cfg.FailOpenAfter, e.cfg.DockerHost, e.cfg.Reclaim = true, 30*time.Second, "none", "none"
+		e.cfg.ReservationTTL, e.cfg.MaxFrozen = 30*time.Second, time.Hour
+		e.cfg.PreemptMode, e.cfg.CheckpointFallback, e.cfg.CUDALibrary = string(preempt.ModeCheckpoint), "freeze", lib
+		e.cfg.CheckpointTimeout = time.Second
+		e.start()
+		return e
+	}
+	t.Run("no API: said, and frozen", func(t *testing.T) {
+		e := start("driver version=12040\n")
+		if !strings.Contains(e.logs.String(), "no CUDA checkpoint API") {
+			t.Fatal("start-up does not say the driver lacks the checkpoint API")
+		}
+		lowCounter(t, e, 0, false)
+		high, _ := classified(t, e.d.Registry(), "high", occupancy.High, "high")
+		high.do("open %s", e.gpus[0].Path)
+		testutil.Eventually(t, 5*time.Second, "a freeze record with the fallback said", func() bool {
+			fr := records(e, preempt.ActionFreeze)
+			return len(fr) > 0 && strings.Contains(fr[0].Result, "no CUDA checkpoint API on this node: freeze")
+		})
+	})
+	t.Run("checkpointed, frozen, thawed, restored", func(t *testing.T) {
+		e := start("driver version=12080\n")
+		if !strings.Contains(e.logs.String(), "CUDA checkpoint API loaded") {
+			t.Fatal("start-up does not say the checkpoint API was loaded")
+		}
+		pid, file := lowCounter(t, e, 0, false)
+		testutil.CUDAScript(t, lib, fmt.Sprintf("driver version=12080\npid pid=%d lock=ok checkpoint=ok restore=ok\n", pid))
+		cuda, err := nvidia.OpenCUDACheckpoint(lib) // the same library: the same states
+		if err != nil {
+			t.Fatal(err)
+		}
+		high, _ := classified(t, e.d.Registry(), "high", occupancy.High, "high")
+		hfd := high.doInt("open %s", e.gpus[0].Path)
+		testutil.Eventually(t, 5*time.Second, "a freeze record of the checkpointed counter", func() bool {
+			for _, r := range records(e, preempt.ActionFreeze) {
+				if r.Victim.PID == pid && strings.Contains(r.Result, "CUDA checkpointed") {
+					return true
+				}
+			}
+			return false
+		})
+		if st, err := cuda.State(pid); err != nil || st != nvidia.CUDACheckpointed {
+			t.Fatalf("the counter's CUDA state %q %v, want checkpointed", st, err)
+		}
+		at := testutil.Counted(file)
+		high.do("close %d", hfd)
+		testutil.Eventually(t, 10*time.Second, "thawed, counting on", func() bool { return testutil.Counted(file) > at+3 })
+		if st, err := cuda.State(pid); err != nil || st != nvidia.CUDARunning {
+			t.Fatalf("the counter's CUDA state %q %v after the thaw, want running", st, err)
+		}
+	})
 }

@@ -166,7 +166,7 @@ func (c *Controller) workload(info occupancy.ProcInfo, reason string) preempt.Ta
 func (c *Controller) victim(info occupancy.ProcInfo, reason string) preempt.Victim {
 	v := preempt.Victim{ProcInfo: info, TaskID: c.taskID(info), Workload: c.workload(info, reason)}
 	if w, ok := c.Registry.Lookup(info); ok {
-		v.WorkloadCgroup = w.CgroupID
+		v.WorkloadCgroup, v.LivenessProbe = w.CgroupID, w.LivenessProbe
 		if w.PreemptMode != "" {
 			// A malformed label gets the node's mode: it only chooses
 			// between two ways of preempting.
@@ -416,6 +416,20 @@ func (c *Controller) Sync() {
 // borrower beside its idle owner would look like a low holder of a
 // high-held GPU.
 func (c *Controller) Judge() {
+	if c.Exec != nil && c.Exec.Journal != nil {
+		// What a gpud killed outright left frozen is this one's again
+		// before anything is judged: a frozen holder is not judged twice.
+		c.Ledger.Reclassify(c.Registry.ClassifyProc)
+		var cands []preempt.AdoptCandidate
+		for gpu := range c.Ledger.Counts() {
+			for _, h := range c.Ledger.Holders(gpu) {
+				cands = append(cands, preempt.AdoptCandidate{GPU: gpu, Victim: c.victim(h, "adopted from the previous gpud")})
+			}
+		}
+		if a, th := c.Exec.Adopt(c.Exec.Journal.Recent(), cands); a+th > 0 {
+			c.Log.Info("the previous gpud's frozen workloads", "adopted", a, "thawed", th)
+		}
+	}
 	c.judging.Store(true)
 	c.Rejudge("gpud started")
 }

@@ -73,6 +73,9 @@ func (e *Executor) killAll(gpu int, rule string, preemptor Party, victims []Vict
 			}
 		}
 		e.mu.Lock()
+		if e.dead == nil { // a kill with no Preempt before it (an adopted workload frozen too long)
+			e.dead = map[deadKey]time.Time{}
+		}
 		for _, k := range ks {
 			delete(e.killing, k.v.PID)
 			e.dead[deadKey{k.v.PID, k.v.StartTime}] = time.Now()
@@ -225,7 +228,7 @@ func (e *Executor) killAll(gpu int, rule string, preemptor Party, victims []Vict
 // stillVictim checks, just before the signal, that v still holds gpu and
 // is still in the cgroup it was judged in.
 func (e *Executor) stillVictim(gpu int, v Victim) error {
-	if e.Holds != nil && !e.Holds(v.PID, gpu) {
+	if e.Holds != nil && !v.Released && !e.Holds(v.PID, gpu) {
 		return errors.New("does not hold the GPU")
 	}
 	return inWorkload(e.ProcRoot, v)(v.PID)

@@ -21,6 +21,12 @@ type Victim struct {
 	// WorkloadCgroup is the v2 id of its workload's cgroup (its pod's or
 	// container's), the cgroup a freeze freezes; 0: its own cgroup.
 	WorkloadCgroup uint64
+	// Released: CUDA-checkpointed, it holds no GPU file any more while
+	// suspended (a kill at --max-frozen does not ask that it hold one).
+	Released bool
+	// LivenessProbe: its pod has a liveness probe, so it is killed rather
+	// than frozen (FreezeSafe).
+	LivenessProbe bool
 }
 
 // Executor carries out verdicts off the hot path: it writes the checkpoint
@@ -50,6 +56,14 @@ type Executor struct {
 	FreezeWait time.Duration
 	// CgroupRoot is the cgroup v2 mount point ("" detects it).
 	CgroupRoot string
+	// CUDA is the CUDA checkpoint API for ModeCheckpoint (nil: none on
+	// this node, the fallback is used).
+	CUDA Checkpointer
+	// CheckpointTimeout bounds a CUDA lock (0: DefaultCheckpointTimeout).
+	CheckpointTimeout time.Duration
+	// CheckpointFallback is what a checkpoint that cannot be done becomes:
+	// ModeFreeze ("" too) or ModeKill.
+	CheckpointFallback Mode
 	// Suspended, when set, is called when the set of suspended workloads
 	// changed (the state file shows it).
 	Suspended func()
@@ -134,7 +148,7 @@ func (e *Executor) Preempt(ctx context.Context, gpu int, rule string, preemptor 
 		defer e.wg.Done()
 		var freeze, kill []Victim
 		for _, v := range mine {
-			if e.mode(v) == ModeFreeze {
+			if m := e.mode(v); m == ModeFreeze || m == ModeCheckpoint {
 				freeze = append(freeze, v)
 			} else {
 				kill = append(kill, v)

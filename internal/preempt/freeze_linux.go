@@ -47,18 +47,26 @@ type suspension struct {
 	preemptor Party
 	killAt    time.Time // zero: never
 	timer     *time.Timer
+	// resumeAfter: not thawed before, unless its GPUs were seen held by
+	// high priority since (a fresh freeze: since + minSuspended; an
+	// adopted one: the adoption + adoptGrace).
+	resumeAfter time.Time
+	// checkpointed: the PIDs whose CUDA state was checkpointed (restored
+	// after the thaw).
+	checkpointed []int
 }
 
 func (e *Executor) mode(v Victim) Mode {
-	if v.Mode != "" {
-		return v.Mode
+	m := v.Mode
+	if m == "" {
+		e.mu.Lock()
+		m = e.Mode
+		e.mu.Unlock()
 	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.Mode == "" {
+	if m == "" {
 		return ModeKill
 	}
-	return e.Mode
+	return FreezeSafe(m, v.LivenessProbe)
 }
 
 // SetMode changes the default preemption mode for the preemptions that
@@ -162,7 +170,7 @@ func (e *Executor) freezeAll(gpu int, rule string, preemptor Party, victims []Vi
 		}
 		e.mu.Unlock()
 		now := time.Now()
-		s = &suspension{path: path, kind: g.fz.Kind, since: now.UTC(), gpus: map[int]bool{gpu: true},
+		s = &suspension{path: path, kind: g.fz.Kind, since: now.UTC(), resumeAfter: now.Add(minSuspended), gpus: map[int]bool{gpu: true},
 			victims: g.victims, rule: rule, reason: g.victims[0].Workload.Reason, preemptor: preemptor}
 		result := "done"
 		paused, err := g.fz.Paused()
@@ -178,6 +186,22 @@ func (e *Executor) freezeAll(gpu int, rule string, preemptor Party, victims []Vi
 			g.fz.Close()
 			result = "paused by someone else: left as it is"
 		default:
+			ckpt, killGroup, note := e.checkpointGroup(g.victims)
+			if killGroup {
+				g.fz.Close()
+				e.log().Warn("checkpoint mode: killing instead", "cgroup", path, "why", note)
+				kill = append(kill, g.victims...)
+				continue
+			}
+			if note != "" {
+				result = "done; " + note
+			}
+			s.checkpointed = ckpt
+			for i := range s.victims {
+				if slices.Contains(ckpt, s.victims[i].PID) {
+					s.victims[i].Released = true
+				}
+			}
 			err := g.fz.Freeze()
 			if err == nil {
 				err = g.fz.WaitFrozen(e.freezeWait())
@@ -186,6 +210,7 @@ func (e *Executor) freezeAll(gpu int, rule string, preemptor Party, victims []Vi
 				if terr := g.fz.Thaw(); terr != nil {
 					e.log().Error("thawing a failed freeze", "cgroup", path, "error", terr)
 				}
+				e.restore(ckpt)
 				g.fz.Close()
 				e.log().Warn("freeze failed: killing instead", "cgroup", path, "error", err)
 				kill = append(kill, g.victims...)
@@ -283,7 +308,7 @@ func (e *Executor) Resume(held func(gpu int) Holding) {
 			s.seenHeld = true
 			continue
 		}
-		if !s.seenHeld && now.Sub(s.since) < minSuspended {
+		if !s.seenHeld && now.Before(s.resumeAfter) {
 			continue
 		}
 		delete(e.susp, path)
@@ -314,6 +339,8 @@ func (e *Executor) thawAll(ss []*suspension, why string) {
 		} else {
 			if err := s.fz.Thaw(); err != nil {
 				result = err.Error()
+			} else if msg := e.restore(s.checkpointed); msg != "" {
+				result = msg
 			}
 			s.fz.Close()
 		}
@@ -425,6 +452,7 @@ func (e *Executor) Suspensions() []Suspension {
 			Namespace: v0.Workload.Namespace, Pod: v0.Workload.Name, TaskID: v0.TaskID,
 			Cgroup: s.path, Freezer: s.kind, GPUs: sortedGPUs(s.gpus), Since: s.since,
 			Reason: s.reason, Preemptor: s.preemptor, Paused: s.fz == nil,
+			Checkpointed: slices.Clone(s.checkpointed),
 		}
 		if x.Workload == "" {
 			x.Workload = "cgroup " + s.path
@@ -448,11 +476,32 @@ func ThawWhen(s Suspension) string {
 	if s.Paused {
 		return "paused by someone else (docker pause, an admin): gpud neither thaws nor kills it; unpause it"
 	}
-	w := fmt.Sprintf("thawed when no high-priority process holds GPU %v (nor a lent GPU's owner is active)", s.GPUs)
+	w := fmt.Sprintf("thawed when no high-priority process holds GPU %v (a lent GPU's owner idle for --idle-after does not: the GPU is lent again)", s.GPUs)
 	if s.KillAt != nil {
 		w += fmt.Sprintf("; killed and reclaimed if still frozen at %s", s.KillAt.Format(time.RFC3339))
 	}
 	return w
+}
+
+// SuspendedPod reports whether gpud froze (and has not thawed) a workload
+// of the pod podUID: a suspension by gpud, not one paused by someone else.
+func (e *Executor) SuspendedPod(podUID string) bool {
+	if podUID == "" {
+		return false
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, s := range e.susp {
+		if s.fz == nil {
+			continue
+		}
+		for _, v := range s.victims {
+			if v.PodUID == podUID {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // SuspendedPID reports the suspension that holds pid, if any.

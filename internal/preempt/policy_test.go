@@ -52,17 +52,51 @@ func TestRulesTable(t *testing.T) {
 }
 
 func TestParseModeAndResumable(t *testing.T) {
-	for _, v := range []string{"kill", "freeze"} {
+	for _, v := range []string{"kill", "freeze", "checkpoint"} {
 		if m, err := ParseMode(v); err != nil || string(m) != v {
 			t.Errorf("ParseMode(%q) = %q %v", v, m, err)
 		}
 	}
-	for _, v := range []string{"", "Freeze", " freeze", "freeze\n", "checkpoint", "stop"} {
+	for _, v := range []string{"", "Freeze", " freeze", "freeze\n", "Checkpoint", "stop"} {
 		if _, err := ParseMode(v); err == nil {
 			t.Errorf("ParseMode(%q) accepted", v)
 		}
 	}
 	if !Resumable(Holding{}) || !Resumable(Holding{Low: true}) || Resumable(Holding{High: true}) || Resumable(Holding{High: true, Low: true}) {
 		t.Error("Resumable: a suspended workload resumes exactly when no high priority holds its GPUs")
+	}
+}
+
+func TestRelendAndFreezeSafe(t *testing.T) {
+	for _, c := range []struct {
+		s    LoanBack
+		want bool
+	}{
+		{LoanBack{OwnerIdle: true, BorrowerSuspended: true, Healthy: true}, true},
+		{LoanBack{OwnerIdle: false, BorrowerSuspended: true, Healthy: true}, false}, // the owner works
+		{LoanBack{OwnerIdle: true, BorrowerSuspended: false, Healthy: true}, false}, // killed, or paused by someone else
+		{LoanBack{OwnerIdle: true, BorrowerSuspended: true, Healthy: false}, false},
+		{LoanBack{}, false},
+	} {
+		if got := Relend(c.s); got != c.want {
+			t.Errorf("Relend(%+v) = %v, want %v", c.s, got, c.want)
+		}
+	}
+	for _, c := range []struct {
+		m        Mode
+		liveness bool
+		want     Mode
+	}{
+		{ModeFreeze, false, ModeFreeze},
+		{ModeFreeze, true, ModeKill},
+		{ModeKill, false, ModeKill},
+		{ModeKill, true, ModeKill},
+		{ModeCheckpoint, true, ModeKill},
+		{ModeCheckpoint, false, ModeCheckpoint},
+		{"", true, ""}, // the node's mode, decided by the executor
+	} {
+		if got := FreezeSafe(c.m, c.liveness); got != c.want {
+			t.Errorf("FreezeSafe(%q, %v) = %q, want %q", c.m, c.liveness, got, c.want)
+		}
 	}
 }

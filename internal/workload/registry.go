@@ -61,8 +61,11 @@ type Workload struct {
 	Name        string // container name, or pod name
 	TaskID      string // gpud.io/task-id, else the container name or namespace/name
 	PreemptMode string // gpud.io/preempt-mode as labelled (checked where it is used)
-	Priority    occupancy.Priority
-	CgroupID    uint64 // cgroup v2 id of the container or pod, 0 until known
+	// LivenessProbe: one of the pod's containers has a liveness probe
+	// (known from the API server only): it is killed rather than frozen.
+	LivenessProbe bool
+	Priority      occupancy.Priority
+	CgroupID      uint64 // cgroup v2 id of the container or pod, 0 until known
 	// Agent: a pod of system agents (Agents.Pod); its Priority is
 	// Unmanaged, so the gate never hears of its cgroup.
 	Agent bool
@@ -270,6 +273,10 @@ func (r *Registry) Put(w Workload) {
 	}
 	key := w.key()
 	old, had := r.byContainer[key]
+	if had && w.PodUID != "" && old.LivenessProbe {
+		// A pod's probes cannot change; NRI and CRI do not see them.
+		w.LivenessProbe = true
+	}
 	if key != "" {
 		r.byContainer[key] = w
 	}

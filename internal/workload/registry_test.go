@@ -161,3 +161,19 @@ func TestHoldsComparesTheStoredClass(t *testing.T) {
 		t.Fatal("Holds of an empty workload")
 	}
 }
+
+// A pod's liveness probe, known from the API server only, is kept when NRI
+// or CRI puts the pod again without it.
+func TestLivenessProbeKeptAcrossSources(t *testing.T) {
+	r := &Registry{}
+	r.Put(Workload{PodUID: "u1", Name: "p", Priority: occupancy.Low, LivenessProbe: true})
+	r.Put(Workload{PodUID: "u1", Name: "p", Priority: occupancy.Low})
+	if w, _ := r.Lookup(occupancy.ProcInfo{PodUID: "u1"}); !w.LivenessProbe {
+		t.Error("the liveness probe was forgotten")
+	}
+	r.Put(Workload{ContainerID: "c1", Name: "d"})
+	r.Put(Workload{PodUID: "u2", Name: "q"})
+	if w, _ := r.Lookup(occupancy.ProcInfo{PodUID: "u2"}); w.LivenessProbe {
+		t.Error("a pod without probes has one")
+	}
+}

@@ -24,21 +24,11 @@ import (
 	"github.com/gpud/gpud/internal/preempt"
 )
 
-// The owner of a lent GPU becomes active on it (NVML sees its process
-// using the GPU) without opening it again: gpud takes the GPU back, the
-// borrower's processes die and the borrower pod is evicted. NVML is the one
-// part that cannot run here: gpud runs in this test process with go-nvml's
-// mock of a DGX A100, whose device 0 answers for the fake GPU (minor 229);
-// kubelet, its device manager, PodResources and the pods are real.
-func TestOwnerActiveOnNVMLTakesLentGPUBack(t *testing.T) {
-	dev, gpu := fakeGPU(t)
-	startStandin(t, gpu)
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	t.Cleanup(func() { cancel(); wg.Wait() })
-
-	// The mock: only device 0 (minor 229, the fake node's) ever reports a
-	// sample, and only once ownerActive holds the owner's host PID.
+// ownerActivityMock is go-nvml's mock of a DGX A100 whose device 0 answers
+// for the fake GPU (minor 229) and reports a compute sample of the PID
+// stored in the returned value (none while it is 0); the other devices name
+// no node of ours and report nothing.
+func ownerActivityMock() (*dgxa100.Server, *atomic.Int64) {
 	var ownerActive atomic.Int64
 	lib := dgxa100.New()
 	lib.EventSetCreateFunc = func() (nvml.EventSet, nvml.Return) { return nil, nvml.ERROR_NOT_SUPPORTED }
@@ -61,6 +51,23 @@ func TestOwnerActiveOnNVMLTakesLentGPUBack(t *testing.T) {
 			return nil, nvml.ERROR_NOT_FOUND
 		}
 	}
+	return lib, &ownerActive
+}
+
+// The owner of a lent GPU becomes active on it (NVML sees its process
+// using the GPU) without opening it again: gpud takes the GPU back, the
+// borrower's processes die and the borrower pod is evicted. NVML is the one
+// part that cannot run here: gpud runs in this test process with go-nvml's
+// mock of a DGX A100, whose device 0 answers for the fake GPU (minor 229);
+// kubelet, its device manager, PodResources and the pods are real.
+func TestOwnerActiveOnNVMLTakesLentGPUBack(t *testing.T) {
+	dev, gpu := fakeGPU(t)
+	startStandin(t, gpu)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() })
+
+	lib, ownerActive := ownerActivityMock()
 
 	state := t.TempDir()
 	logs := &testutil.Buffer{}

@@ -24,6 +24,7 @@ import (
 	v1 "github.com/gpud/gpud/api/v1"
 	"github.com/gpud/gpud/internal/deviceplugin"
 	"github.com/gpud/gpud/internal/occupancy"
+	"github.com/gpud/gpud/internal/preempt"
 	"github.com/gpud/gpud/internal/workload"
 	corev1 "k8s.io/api/core/v1"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
@@ -111,7 +112,11 @@ type Lender struct {
 	// CDI says which CDI devices the node's specs define; nil names every
 	// lent GPU by CDI (tests).
 	CDI *CDISpecs
-	Log *slog.Logger
+	// Suspended, when set, tells whether gpud froze a pod's workload and
+	// keeps it frozen (the executor's SuspendedPod): a borrower suspended
+	// at a take-back is lent its GPU again when the owner idles (Relend).
+	Suspended func(podUID string) bool
+	Log       *slog.Logger
 
 	kick      chan struct{}
 	refreshMu sync.Mutex // one refresh at a time (run's ticker, and after Allocate)
@@ -664,6 +669,61 @@ func (l *Lender) reclaimTakenBack() {
 	}
 }
 
+// relendSuspended lends a GPU taken back again to its borrower when the
+// rule says (preempt.Relend: the owner idle again, the borrower still
+// suspended, the GPU healthy); the gate's sync then thaws the borrower (a
+// lent GPU's idle owner does not hold it for the rules). The owner coming
+// back again takes it back again, and the borrower is frozen again.
+func (l *Lender) relendSuspended() {
+	if l.Suspended == nil {
+		return
+	}
+	type loan struct {
+		gpu      int
+		borrower podRef
+	}
+	var taken []loan
+	l.mu.Lock()
+	for gpu, t := range l.takenBack {
+		if b, ok := l.borrowers[gpu]; t && ok && b.UID != "" {
+			taken = append(taken, loan{gpu, b})
+		}
+	}
+	l.mu.Unlock()
+	if len(taken) == 0 {
+		return
+	}
+	views := map[int]occupancy.GPUView{}
+	for _, g := range l.ledger.Snapshot(time.Now()).GPUs {
+		views[g.Index] = g
+	}
+	relent := 0
+	for _, t := range taken {
+		g, ok := views[t.gpu]
+		s := preempt.LoanBack{OwnerIdle: ok && g.State == occupancy.Idle, Healthy: ok && !g.Health.Unhealthy,
+			BorrowerSuspended: l.Suspended(t.borrower.UID)}
+		if !preempt.Relend(s) {
+			continue
+		}
+		l.mu.Lock()
+		if b, ok := l.borrowers[t.gpu]; l.takenBack[t.gpu] && ok && b == t.borrower {
+			delete(l.takenBack, t.gpu)
+			delete(l.ownerMemory, t.gpu) // the growth that takes it back is counted from now
+			relent++
+			l.Log.Info("owner idle again: GPU lent again to its suspended borrower", "gpu", t.gpu,
+				"borrower", t.borrower.String(), "owner", l.owners[t.gpu].String())
+		}
+		l.mu.Unlock()
+	}
+	if relent == 0 {
+		return
+	}
+	l.gate.Sync()
+	if l.Changed != nil {
+		l.Changed()
+	}
+}
+
 // TakeBack ends gpu's loan, if any: a high-priority process opened it or
 // its owner is active on it again.
 func (l *Lender) TakeBack(gpu int) {
@@ -741,6 +801,7 @@ func (l *Lender) Run(ctx context.Context) {
 			l.refresh(ctx)
 			l.changed()
 			l.reclaimTakenBack()
+			l.relendSuspended()
 		}
 	}
 }

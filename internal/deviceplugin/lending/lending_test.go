@@ -531,3 +531,51 @@ func TestCDIDeviceOnlyWhenASpecDefinesIt(t *testing.T) {
 		t.Errorf("NVIDIA's spec defines it: CDI devices %v", got)
 	}
 }
+
+// A borrower frozen at the take-back is lent its GPU again once the owner
+// is idle again (preempt.Relend); a borrower not suspended (killed, or
+// paused by someone else) is not, nor while the owner works.
+func TestSuspendedBorrowerLentAgainWhenOwnerIdles(t *testing.T) {
+	f := newFixture(t)
+	f.reg.Put(workload.Workload{PodUID: borrowerUID, Namespace: "default", Name: "borrower", Priority: occupancy.Low})
+	f.lend(t)
+	f.ledger.AddFD(occupancy.ProcInfo{PID: 200, PodUID: borrowerUID, Priority: occupancy.Low}, 0, 4, time.Now())
+	suspended := false
+	var asked []string
+	f.l.Suspended = func(uid string) bool { asked = append(asked, uid); return suspended }
+
+	f.l.TakeBack(0)
+	f.ledger.Activity(0, time.Now()) // the owner works
+	f.ledger.Refresh(time.Now())
+	suspended = true
+	f.l.relendSuspended()
+	if f.l.IsLent(0) {
+		t.Fatal("lent again while its owner works")
+	}
+	// The owner idle again.
+	f.ledger.SetIdleAfter(10 * time.Millisecond)
+	time.Sleep(30 * time.Millisecond)
+	f.ledger.Refresh(time.Now())
+	suspended = false
+	f.l.relendSuspended()
+	if f.l.IsLent(0) {
+		t.Fatal("lent again to a borrower gpud does not keep suspended")
+	}
+	syncs := f.gate.syncs
+	suspended = true
+	f.l.relendSuspended()
+	if !f.l.IsLent(0) {
+		t.Fatal("not lent again to its suspended borrower with the owner idle")
+	}
+	if f.gate.syncs == syncs {
+		t.Error("the gate was not synced (the sync thaws the borrower)")
+	}
+	if !slices.Contains(asked, borrowerUID) {
+		t.Errorf("Suspended asked about %v, want the borrower %s", asked, borrowerUID)
+	}
+	// The owner back again: taken back again.
+	f.l.Activity(0, []uint32{uint32(f.owner.PID)})
+	if f.l.IsLent(0) {
+		t.Error("the owner's compute did not end the second loan")
+	}
+}

@@ -145,6 +145,7 @@ func (p *Pods) put(obj any) {
 	w := workload.Workload{
 		PodUID: uid, Namespace: pod.Namespace, Name: pod.Name,
 		TaskID: pod.Labels[workload.LabelTaskID], PreemptMode: pod.Labels[workload.LabelPreemptMode],
+		LivenessProbe: hasLivenessProbe(pod),
 	}
 	w.Priority, w.Agent = p.Registry.ClassifyPod(uid, pod.Namespace, pod.Labels)
 	if w.TaskID == "" {
@@ -160,4 +161,20 @@ func (p *Pods) put(obj any) {
 		return
 	}
 	p.Registry.Put(w)
+}
+
+// hasLivenessProbe reports whether a container of pod (init containers
+// with restartPolicy Always, sidecars, included) has a liveness probe.
+func hasLivenessProbe(pod *corev1.Pod) bool {
+	for _, c := range pod.Spec.Containers {
+		if c.LivenessProbe != nil {
+			return true
+		}
+	}
+	for _, c := range pod.Spec.InitContainers {
+		if c.LivenessProbe != nil {
+			return true
+		}
+	}
+	return false
 }

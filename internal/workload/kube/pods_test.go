@@ -160,6 +160,12 @@ func TestPodsRegistersThisNodesPodsWithClassAndTaskID(t *testing.T) {
 		newPod("web", "plain", uid(4), thisNode, nil),
 		newPod("ml", "elsewhere", uid(5), otherNode, map[string]string{workload.LabelPriority: "high"}),
 	}
+	// One with a liveness probe (in its second container): it is killed
+	// rather than frozen.
+	probed := newPod("ml", "probed", uid(8), thisNode, map[string]string{workload.LabelPriority: "low"})
+	probed.Spec.Containers = append(probed.Spec.Containers, corev1.Container{Name: "c2"},
+		corev1.Container{Name: "c3", LivenessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"true"}}}}})
+	objs = append(objs, probed)
 	cs := newNodeClient(t, objs...)
 	// The default is unmanaged (the zero Default), distinct from both
 	// label values, so a defaulted pod cannot pass for a labelled one.
@@ -172,10 +178,11 @@ func TestPodsRegistersThisNodesPodsWithClassAndTaskID(t *testing.T) {
 		uid(2): {PodUID: uid(2), Namespace: "ml", Name: "batch", TaskID: "ml/batch", Priority: occupancy.Low},
 		uid(3): {PodUID: uid(3), Namespace: "ml", Name: "typo", TaskID: "ml/typo", Priority: occupancy.Unmanaged},
 		uid(4): {PodUID: uid(4), Namespace: "web", Name: "plain", TaskID: "web/plain", Priority: occupancy.Unmanaged},
+		uid(8): {PodUID: uid(8), Namespace: "ml", Name: "probed", TaskID: "ml/probed", Priority: occupancy.Low, LivenessProbe: true},
 	}
 	// Synced can come before the handler has put every listed pod
 	// (the informer's HasSynced does not wait for its handlers): wait.
-	testutil.Eventually(t, 5*time.Second, "this node's 4 pods registered", func() bool { return len(reg.Workloads()) >= len(want) })
+	testutil.Eventually(t, 5*time.Second, "this node's 5 pods registered", func() bool { return len(reg.Workloads()) >= len(want) })
 	got := reg.Workloads()
 	if len(got) != len(want) {
 		t.Fatalf("registry holds %d workloads, want %d: %+v", len(got), len(want), got)
