@@ -512,7 +512,7 @@ func (d *Daemon) setupWorkloads(cgroupRoot string) error {
 	if cfg.PreemptMode == string(preempt.ModeCheckpoint) || cfg.CUDALibrary != "" {
 		// Said at start-up: where the driver has no checkpoint API,
 		// checkpoint-mode preemptions take the fallback.
-		if c, err := nvidia.OpenCUDACheckpoint(cfg.CUDALibrary); err != nil {
+		if c, err := nvidia.LoadCUDACheckpoint(nvidia.Load{Library: cfg.CUDALibrary, DriverRoot: cfg.DriverRoot}); err != nil {
 			d.log.Warn("no CUDA checkpoint API: --preempt-mode checkpoint uses its fallback", "fallback", cfg.CheckpointFallback, "error", err)
 		} else {
 			d.executor.CUDA = c

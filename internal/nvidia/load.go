@@ -32,9 +32,11 @@ var LibraryDirs = []string{
 // FindLibrary opens libnvidia-ml.so.1 in the first of LibraryDirs under
 // root that has it, with OpenLibrary's checks; an error names every
 // directory tried.
-func FindLibrary(root string) (*os.File, error) {
+func FindLibrary(root string) (*os.File, error) { return findLibrary(root, "libnvidia-ml.so.1") }
+
+func findLibrary(root, name string) (*os.File, error) {
 	for _, dir := range LibraryDirs {
-		f, err := OpenLibrary(root, filepath.Join(dir, "libnvidia-ml.so.1"))
+		f, err := OpenLibrary(root, filepath.Join(dir, name))
 		if err == nil {
 			return f, nil
 		}
@@ -42,7 +44,7 @@ func FindLibrary(root string) (*os.File, error) {
 			return nil, err // there, but refused: never fall through to another copy
 		}
 	}
-	return nil, fmt.Errorf("%w: no libnvidia-ml.so.1 under %s in %v (set --nvml-library)", ErrLibrary, root, LibraryDirs)
+	return nil, fmt.Errorf("%w: no %s under %s in %v", ErrLibrary, name, root, LibraryDirs)
 }
 
 // ErrLibrary marks a library file gpud refuses to load.
@@ -127,4 +129,31 @@ func readLink(dirfd int, name string) (string, error) {
 		return "", err
 	}
 	return string(buf[:n]), nil
+}
+
+// LoadCUDACheckpoint loads libcuda's checkpoint API as NVML is loaded: the
+// file load names under its driver root (or found there), checked and
+// held open, and loaded through its descriptor; on / with no path, the
+// dynamic loader's libcuda.so.1.
+func LoadCUDACheckpoint(load Load) (*CUDACheckpoint, error) {
+	root := load.DriverRoot
+	if load.Library == "" && (root == "" || root == "/") {
+		return OpenCUDACheckpoint("")
+	}
+	var f *os.File
+	var err error
+	if load.Library == "" {
+		f, err = findLibrary(root, "libcuda.so.1")
+	} else {
+		f, err = OpenLibrary(root, load.Library)
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	c, err := OpenCUDACheckpoint(fmt.Sprintf("/proc/self/fd/%d", f.Fd()))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", f.Name(), err)
+	}
+	return c, nil
 }

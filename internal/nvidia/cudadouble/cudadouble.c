@@ -50,17 +50,28 @@ struct script {
 	char lock[16], checkpoint[16], restore[16];
 };
 
+// script_path is cuda-double.txt next to this library, found from the
+// kernel's name of the file mapped here (/proc/self/maps): gpud loads the
+// library through /proc/self/fd/N, which is the name dladdr would give.
 static void script_path(char *out, size_t n) {
-	Dl_info info;
-	if (dladdr((void *)script_path, &info) == 0 || info.dli_fname == NULL) {
-		snprintf(out, n, "cuda-double.txt");
+	char line[PATH_MAX + 256];
+	unsigned long here = (unsigned long)(void *)script_path, lo, hi;
+	FILE *f = fopen("/proc/self/maps", "re");
+	snprintf(out, n, "cuda-double.txt");
+	if (f == NULL) {
 		return;
 	}
-	snprintf(out, n, "%s", info.dli_fname);
-	char *slash = strrchr(out, '/');
-	if (slash != NULL) {
-		snprintf(slash + 1, n - (size_t)(slash + 1 - out), "cuda-double.txt");
+	while (fgets(line, sizeof line, f)) {
+		char *path = strchr(line, '/');
+		if (sscanf(line, "%lx-%lx", &lo, &hi) != 2 || here < lo || here >= hi || path == NULL) {
+			continue;
+		}
+		char *slash = strrchr(path, '/');
+		*slash = 0;
+		snprintf(out, n, "%s/cuda-double.txt", path);
+		break;
 	}
+	fclose(f);
 }
 
 static void field(const char *line, const char *key, char *out, size_t n) {
