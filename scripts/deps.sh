@@ -15,6 +15,7 @@
 #           the thread-shape helper, internal/testutil/threads.go)
 #   k8s     the one-node test cluster, and Debian's prometheus for test/k8s
 #   release readelf, to find the libraries a release image needs
+#   kmatrix qemu (KVM), busybox-static, xz, cpio and modinfo for scripts/kmatrix.sh
 #   cross-arm64, cross-amd64  a C cross compiler and that architecture's libc
 #           (gpud links libc through cgo), and qemu-user to run the result,
 #           for scripts/release.sh
@@ -28,6 +29,7 @@ declare -A GROUP_PKGS=(
 	[k8s]="containerd runc containernetworking-plugins openssl busybox-static iproute2 procps prometheus"
 	[release]="binutils"
 	[cross-arm64]="gcc-aarch64-linux-gnu libc6-dev-arm64-cross binutils qemu-user"
+	[kmatrix]="qemu-system-x86 busybox-static xz-utils cpio kmod"
 	[cross-amd64]="gcc-x86-64-linux-gnu libc6-dev-amd64-cross binutils qemu-user"
 )
 
