@@ -43,14 +43,6 @@ import (
 // which the checkpoint API has the lock with a timeout (driver 570, CUDA 12.8).
 const MinCheckpointDriver = 12080
 
-// CUDA process states (cuCheckpointProcessGetState).
-const (
-	CUDARunning      = "running"
-	CUDALocked       = "locked"
-	CUDACheckpointed = "checkpointed"
-	CUDAFailed       = "failed"
-)
-
 var (
 	// ErrNoCheckpoint: the driver has no CUDA checkpoint API.
 	ErrNoCheckpoint = errors.New("nvidia: no CUDA checkpoint API in this driver")

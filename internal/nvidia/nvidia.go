@@ -81,3 +81,12 @@ type Library interface {
 	Info() Info
 	Shutdown()
 }
+
+// CUDA process states (cuCheckpointProcessGetState), in every build: a
+// gpud without cgo has no checkpoint API but names the states.
+const (
+	CUDARunning      = "running"
+	CUDALocked       = "locked"
+	CUDACheckpointed = "checkpointed"
+	CUDAFailed       = "failed"
+)
