@@ -56,12 +56,14 @@ func registrations(t *testing.T, gp string) int {
 
 // A pod admitted before gpud registered runs without the GPU it asked for
 // (kubelet does not fail it): gpud reports it, with an Event on the pod.
-// Runs before any test registers gpud.io/idle-gpu with this kubelet.
 func TestPodAdmittedBeforeRegistrationIsReported(t *testing.T) {
 	dev, _ := fakeGPU(t)
-	resourcePod(t, "early", "gpud.io/idle-gpu")
+	// A resource no test registered before (kubelet keeps a pod asking a
+	// resource it once knew Pending), whatever order the tests run in.
+	const early = "gpud.io/early-idle-gpu"
+	resourcePod(t, "early", early)
 	mustKubectl(t, "wait", "--for=condition=Ready", "pod/early", "--timeout=60s")
-	deployLending(t, dev)
+	deployLending(t, dev, "{op: add, path: /spec/template/spec/containers/0/args/-, value: --resource-name="+early+"}")
 	testutil.Eventually(t, 30*time.Second, "an Event reports the pod running without its GPU", func() bool {
 		out, _ := kubectl(t, "get", "events", "--field-selector", "involvedObject.name=early,reason=GPUNotAllocated", "-o", "name")
 		return out != ""
@@ -265,12 +267,12 @@ func waitHealth(t *testing.T, health <-chan string, want string, d time.Duration
 
 // deployLending deploys gpud with the device plugin on (idle after 2 s),
 // pointed at the fake GPU directory and the test kubelet's PodResources.
-func deployLending(t *testing.T, dev string) string {
+func deployLending(t *testing.T, dev string, extra ...string) string {
 	t.Helper()
 	podRes := filepath.Join(env(t, "KUBELET_ROOT"), "pod-resources")
-	return deployGpud(t, dev,
+	return deployGpud(t, dev, append([]string{
 		fmt.Sprintf("{op: replace, path: /spec/template/spec/volumes/4/hostPath/path, value: %s}", podRes),
 		"{op: add, path: /spec/template/spec/containers/0/args/-, value: --device-plugin}",
 		fmt.Sprintf("{op: add, path: /spec/template/spec/containers/0/args/-, value: --host-dev-dir=%s}", dev),
-		"{op: add, path: /spec/template/spec/containers/0/args/-, value: --idle-after=2s}")
+		"{op: add, path: /spec/template/spec/containers/0/args/-, value: --idle-after=2s}"}, extra...)...)
 }
