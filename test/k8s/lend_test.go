@@ -23,12 +23,18 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
 
-// resourcePod is a pod asking for one device of resource.
-func resourcePod(t *testing.T, name, resource string) {
+// resourcePod is a pod asking for one device of resource, with labels
+// (key: value pairs) if any.
+func resourcePod(t *testing.T, name, resource string, labels ...string) {
 	t.Helper()
+	var kv []string
+	for i := 0; i+1 < len(labels); i += 2 {
+		kv = append(kv, fmt.Sprintf("%q: %q", labels[i], labels[i+1]))
+	}
+	meta := strings.Join(kv, ", ")
 	apply(t, fmt.Sprintf(`apiVersion: v1
 kind: Pod
-metadata: {name: %s, namespace: default}
+metadata: {name: %s, namespace: default, labels: {%s}}
 spec:
   nodeName: %s
   terminationGracePeriodSeconds: 2
@@ -39,7 +45,7 @@ spec:
     imagePullPolicy: Never
     command: ["sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"]
     resources: {limits: {%q: 1}}
-`, name, env(t, "NODE_NAME"), resource))
+`, name, meta, env(t, "NODE_NAME"), resource))
 	t.Cleanup(func() { kubectl(t, "delete", "pod", name, "--grace-period=0", "--force", "--ignore-not-found") })
 }
 

@@ -131,21 +131,7 @@ func TestRealNodeFixture(t *testing.T) {
 
 	// The owner: a high-priority pod holding the GPU through nvidia.com/gpu
 	// (device ID = UUID), its context keeping 13 GiB of 16.
-	apply(t, fmt.Sprintf(`apiVersion: v1
-kind: Pod
-metadata: {name: rnowner, namespace: default, labels: {gpud.io/priority: high}}
-spec:
-  nodeName: %s
-  terminationGracePeriodSeconds: 2
-  restartPolicy: Never
-  containers:
-  - name: c
-    image: gpud.local/busybox:1
-    imagePullPolicy: Never
-    command: ["sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"]
-    resources: {limits: {nvidia.com/gpu: 1}}
-`, env(t, "NODE_NAME")))
-	t.Cleanup(func() { kubectl(t, "delete", "pod", "rnowner", "--grace-period=0", "--force", "--ignore-not-found") })
+	resourcePod(t, "rnowner", "nvidia.com/gpu", "gpud.io/priority", "high")
 	mustKubectl(t, "wait", "--for=condition=Ready", "pod/rnowner", "--timeout=60s")
 	holders := fileHolders("/run/gpud/state.json")
 	ownerPID := hold(t, holders, "rnowner")
