@@ -44,6 +44,7 @@ type runOptions struct {
 	level      slog.Level
 	nvml       string
 	lendMinMem string
+	draMem     [4]string // reserve, min, step, default
 	defPrio    string
 	monitoring bool
 	configFile string
@@ -103,6 +104,18 @@ func runFlags() (*pflag.FlagSet, *runOptions) {
 	fs.StringVar(&o.lendMinMem, "lend-min-free-memory", resource.NewQuantity(int64(def.LendMinFreeMemory), resource.BinarySI).String(), "lend a GPU only with at least this much free memory, from NVML, e.g. 4Gi (0: any)")
 	fs.Var(config.NewList(&cfg.CDISpecDirs, def.CDISpecDirs, config.CheckAbsPath), "cdi-spec-dirs", "the container runtime's CDI spec directories, comma-separated: a lent GPU is named by CDI only when a spec there defines it (a CDI-enabled runtime refuses an undefined device)")
 	fs.StringVar(&cfg.CDIKind, "cdi-kind", def.CDIKind, "CDI kind a lent GPU is named under to CDI-enabled runtimes, as KIND=<UUID> when NVML gives the UUID (empty: no CDI device, only the node and NVIDIA_VISIBLE_DEVICES)")
+	fs.BoolVar(&cfg.DRA, "dra", false, "share GPUs by memory through DRA: a kubelet plugin (driver gpud.io) publishes each shared GPU with its memory as a consumable capacity and prepares the claims the scheduler allocates on it")
+	fs.Var(config.NewList(&cfg.DRASharedGPUs, def.DRASharedGPUs, checkShared), "dra-shared-gpus", "GPUs shared by memory: all, none, or UUIDs and indexes (N of /dev/nvidiaN), comma-separated")
+	size := func(p *string, name string, v uint64, help string) {
+		fs.StringVar(p, name, resource.NewQuantity(int64(v), resource.BinarySI).String(), help)
+	}
+	size(&o.draMem[0], "dra-memory-reserve", def.DRAMemoryReserve, "memory of each shared GPU kept out of its shares (the driver's and CUDA contexts' own)")
+	size(&o.draMem[1], "dra-memory-min", def.DRAMemoryMin, "smallest share of a GPU's memory a claim may ask")
+	size(&o.draMem[2], "dra-memory-step", def.DRAMemoryStep, "shares are rounded up to a multiple of this (0: any size)")
+	size(&o.draMem[3], "dra-memory-default", def.DRAMemoryDefault, "the share of a request that asks no memory, e.g. each device of the gpud.io/gpu-mem extended resource")
+	fs.StringVar(&cfg.DRAPluginDir, "dra-plugin-dir", def.DRAPluginDir, "the DRA plugin's directory as the host sees it (its socket; kubelet connects there)")
+	fs.StringVar(&cfg.DRARegistryDir, "dra-registry-dir", def.DRARegistryDir, "kubelet's plugin registration directory as the host sees it")
+	fs.StringVar(&cfg.DRACDIDir, "dra-cdi-dir", def.DRACDIDir, "where the CDI specs of prepared claims are written: one of the container runtime's CDI spec directories")
 	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", def.MetricsAddr, "Prometheus /metrics, /healthz and /readyz listen address (empty disables)")
 	fs.StringVar(&cfg.MetricsWebConfig, "metrics-web-config", def.MetricsWebConfig, "TLS and basic auth for the metrics port: a Prometheus exporter-toolkit web config file, root's, that only root can change (empty: plain HTTP)")
 	fs.StringVar(&cfg.HealthAddr, "health-addr", def.HealthAddr, "also serve /healthz and /readyz alone, plain HTTP, on this address, e.g. 127.0.0.1:9408 for kubelet's probes when the metrics port wants credentials (empty: metrics port only)")
@@ -112,6 +125,19 @@ func runFlags() (*pflag.FlagSet, *runOptions) {
 	fs.BoolVar(&o.uninstall, "uninstall", false, "remove the pinned gate and its directory left by a previous gpud, then exit")
 	fs.StringVar(&cfg.DockerHost, "docker-host", "", "Docker engine for labels and reclaim (default $DOCKER_HOST or the local socket; none disables)")
 	return fs, o
+}
+
+// checkShared accepts one element of --dra-shared-gpus.
+func checkShared(s string) error {
+	if s == "all" || s == "none" || strings.HasPrefix(s, "GPU-") || strings.HasPrefix(s, "MIG-") {
+		return nil
+	}
+	for _, c := range s {
+		if c < '0' || c > '9' {
+			return fmt.Errorf("%q is neither all, none, a GPU UUID (GPU-...) nor an index", s)
+		}
+	}
+	return nil
 }
 
 // flagOnly are actions, not settings: never from the environment or the
@@ -150,6 +176,13 @@ func loadRun(args []string, src config.Sources) (*runOptions, *config.Settings, 
 		return nil, nil, bad("lend-min-free-memory", "want a size such as 4Gi or 512Mi, got %q", o.lendMinMem)
 	}
 	cfg.LendMinFreeMemory = uint64(q.Value())
+	for i, name := range []string{"dra-memory-reserve", "dra-memory-min", "dra-memory-step", "dra-memory-default"} {
+		q, err := resource.ParseQuantity(o.draMem[i])
+		if err != nil || q.Sign() < 0 || (i != 0 && i != 2 && q.Sign() == 0) {
+			return nil, nil, bad(name, "want a positive size such as 4Gi or 256Mi, got %q", o.draMem[i])
+		}
+		*[]*uint64{&cfg.DRAMemoryReserve, &cfg.DRAMemoryMin, &cfg.DRAMemoryStep, &cfg.DRAMemoryDefault}[i] = uint64(q.Value())
+	}
 	cfg.DefaultPriority = occupancy.Priority(o.defPrio)
 	for name, v := range map[string]time.Duration{"fail-open-after": cfg.FailOpenAfter, "reservation-ttl": cfg.ReservationTTL, "idle-after": cfg.IdleAfter} {
 		if v <= 0 {

@@ -101,6 +101,20 @@ type Run struct {
 	// named by CDI only when a spec there defines it.
 	CDISpecDirs []string
 
+	// Sharing GPUs by memory through DRA (driver gpud.io).
+	DRA bool
+	// DRASharedGPUs says which GPUs are shared: "all", "none", or UUIDs
+	// and gpud indexes (N of /dev/nvidiaN).
+	DRASharedGPUs []string
+	// DRAMemoryReserve is kept out of each shared GPU's capacity;
+	// DRAMemoryMin and DRAMemoryStep are a share's request policy;
+	// DRAMemoryDefault the share of a request that names no memory.
+	DRAMemoryReserve, DRAMemoryMin, DRAMemoryStep, DRAMemoryDefault uint64
+	// DRAPluginDir is the plugin's directory under kubelet's plugins
+	// directory, DRARegistryDir kubelet's plugins_registry, both as the
+	// host sees them; DRACDIDir where claim CDI specs go.
+	DRAPluginDir, DRARegistryDir, DRACDIDir string
+
 	// MetricsAddr serves /metrics, /healthz and /readyz; "" disables.
 	MetricsAddr string
 	// MetricsWebConfig is a Prometheus exporter-toolkit web config file
@@ -155,6 +169,14 @@ func Defaults() Run {
 		KubeletDir:         "/var/lib/kubelet/device-plugins",
 		PodResourcesSocket: "/var/lib/kubelet/pod-resources/kubelet.sock",
 		LendMinFreeMemory:  1 << 30,
+		DRASharedGPUs:      []string{"all"},
+		DRAMemoryReserve:   512 << 20,
+		DRAMemoryMin:       256 << 20,
+		DRAMemoryStep:      256 << 20,
+		DRAMemoryDefault:   4 << 30,
+		DRAPluginDir:       "/var/lib/kubelet/plugins/gpud.io",
+		DRARegistryDir:     "/var/lib/kubelet/plugins_registry",
+		DRACDIDir:          "/var/run/cdi",
 		NRISocket:          "/var/run/nri/nri.sock",
 		AgentComms: []string{
 			"nvidia-persiste", // nvidia-persistenced (a comm keeps 15 bytes)
@@ -225,6 +247,17 @@ func (r Run) Complete() Run {
 	list(&r.AgentNamespaces, d.AgentNamespaces)
 	list(&r.AgentLabels, d.AgentLabels)
 	list(&r.CDISpecDirs, d.CDISpecDirs)
+	list(&r.DRASharedGPUs, d.DRASharedGPUs)
+	str(&r.DRAPluginDir, d.DRAPluginDir)
+	str(&r.DRARegistryDir, d.DRARegistryDir)
+	str(&r.DRACDIDir, d.DRACDIDir)
+	u64 := func(p *uint64, def uint64) {
+		if *p == 0 {
+			*p = def
+		}
+	}
+	u64(&r.DRAMemoryMin, d.DRAMemoryMin)
+	u64(&r.DRAMemoryDefault, d.DRAMemoryDefault)
 	return r
 }
 

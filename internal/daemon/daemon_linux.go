@@ -23,17 +23,20 @@ import (
 	"github.com/gpud/gpud/internal/control"
 	"github.com/gpud/gpud/internal/deviceplugin"
 	"github.com/gpud/gpud/internal/deviceplugin/lending"
+	"github.com/gpud/gpud/internal/dra"
 	"github.com/gpud/gpud/internal/gate"
 	"github.com/gpud/gpud/internal/httpserve"
 	"github.com/gpud/gpud/internal/metrics"
 	"github.com/gpud/gpud/internal/nvidia"
 	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/preempt"
+	"github.com/gpud/gpud/internal/sharing"
 	"github.com/gpud/gpud/internal/workload"
 	"github.com/gpud/gpud/internal/workload/cri"
 	wdocker "github.com/gpud/gpud/internal/workload/docker"
 	"github.com/gpud/gpud/internal/workload/kube"
 	wnri "github.com/gpud/gpud/internal/workload/nri"
+	"k8s.io/client-go/kubernetes"
 )
 
 // Config is what `gpud run` is told, and what tests inject.
@@ -75,6 +78,9 @@ type Daemon struct {
 	cri      *cri.Source
 	events   *kube.Events
 	lender   *lending.Lender
+	kube     kubernetes.Interface // nil without an API server
+	shares   *sharing.Book        // nil without DRA
+	dra      *dra.Driver
 	plugin   *deviceplugin.Plugin
 	sources  workload.Listings
 	runners  []func(context.Context) // the optional parts that run until gpud stops
@@ -162,6 +168,12 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	d.journal.OnFlushed(d.writer.Kick)
 	if cfg.DevicePlugin {
 		d.setupLending(proc)
+	}
+	if cfg.DRA {
+		if err := d.setupDRA(); err != nil {
+			d.mon.Close()
+			return nil, err
+		}
 	}
 	d.ledger.OnChange(d.ledgerChanged)
 	// Attached first, scanned second: whatever changes during the scan is
@@ -475,6 +487,7 @@ func (d *Daemon) setupWorkloads(cgroupRoot string) error {
 		if cfg.NodeName == "" {
 			return fmt.Errorf("%w: --node-name (or NODE_NAME) is required with an API server", ErrConfig)
 		}
+		d.kube = kc
 		d.pods = &kube.Pods{Client: kc, Node: cfg.NodeName, Registry: d.registry, CgroupRoot: cgroupRoot, Log: d.log, Synced: d.sources.Add()}
 		runtimes.Pods = kube.PodRuntime{Client: kc}
 		d.events = kube.NewEvents(kc, d.registry, cfg.NodeName, d.log)

@@ -117,6 +117,9 @@ func (d *Daemon) watchHealth(ctx context.Context) {
 		}
 		d.log.Log(ctx, lvl, "GPU health event", "gpu", e.GPU, "event", reason, "critical", e.Critical)
 		d.ledger.SetUnhealthy(e.GPU, reason, e.Critical, time.Now())
+		if d.dra != nil && e.Critical {
+			d.dra.Changed() // an unhealthy GPU leaves the slice now, not at the next tick
+		}
 	})
 	if err != nil && ctx.Err() == nil {
 		d.log.Warn("no GPU health events: XID and ECC errors are not watched", "error", err)

@@ -127,6 +127,9 @@ func (n *NVML) Annotate(gpus []occupancy.GPU) (unknown []int) {
 		if uuid, ret := d.GetUUID(); ret == nvml.SUCCESS {
 			gpus[i].UUID = uuid
 		}
+		if name, ret := d.GetName(); ret == nvml.SUCCESS {
+			gpus[i].Product = name
+		}
 	}
 	return unknown
 }

@@ -43,6 +43,7 @@ type GPU struct {
 	// dcgm-exporter call it, and CUDA's order by default), from NVML; nil
 	// without it. It is not always Index: NVML orders GPUs by PCI bus.
 	NVMLIndex    *int
+	Product      string // NVML's name of the model, e.g. "NVIDIA H100 80GB HBM3"; "" without it
 	Device       string // device node path, e.g. /dev/nvidia0
 	Major, Minor uint32
 	// Aliases are other nodes of the same device (same major:minor): the

@@ -251,7 +251,7 @@ func TestHelmChartRendersTheBase(t *testing.T) {
 	// set, and turn lending on. (--config is not a setting but where more
 	// are; the chart passes them all as flags, which win over the file.
 	// --uninstall is an admin's one-off action.)
-	all := objects(t, render(t, "--set", "devicePlugin.enabled=true,serviceMonitor.enabled=true,gpud.monitoring=false",
+	all := objects(t, render(t, "--set", "devicePlugin.enabled=true,dra.enabled=true,serviceMonitor.enabled=true,gpud.monitoring=false",
 		"--set", "gpud.nodeName=n,gpud.cgroupRoot=/c,gpud.kubeconfig=/k,gpud.criEndpoint=/r,gpud.metricsAddr=127.0.0.1:9408,gpud.pprofAddr=127.0.0.1:6060"))
 	args := strings.Join(all["DaemonSet"].Spec.Template.Spec.Containers[0].Args, " ") + " "
 	for _, f := range runFlags(t) {

@@ -1,0 +1,632 @@
+package dra
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+	"k8s.io/utils/ptr"
+
+	"github.com/gpud/gpud/internal/safefs"
+	"github.com/gpud/gpud/internal/sharing"
+)
+
+// DriverName is gpud's DRA driver: the ResourceSlices it publishes, the
+// DeviceClass gpu-mem.gpud.io selects, the claims it prepares.
+const DriverName = "gpud.io"
+
+// CDIKind is the CDI kind of the devices gpud writes for prepared claims.
+const CDIKind = "gpud.io/claim"
+
+// MemoryCapacity is the consumable capacity of a shared GPU: its memory.
+const MemoryCapacity resourceapi.QualifiedName = "memory"
+
+// Errors a claim's preparation gives.
+var (
+	// ErrNotOurs: an allocation result names a device this node does not
+	// publish (another node's pool, a GPU gone, a GPU no longer shared).
+	ErrNotOurs = errors.New("not a device this node shares")
+	// ErrNoCapacity: the allocation carries no consumed memory (a
+	// scheduler without consumable capacity allocated the whole device).
+	ErrNoCapacity = errors.New("allocation without consumed memory")
+)
+
+// GPU is what the driver publishes of one GPU, as the daemon sees it now.
+type GPU struct {
+	Index         int    // gpud's index, N of /dev/nvidiaN
+	Minor         int    // the device's minor number
+	NVMLIndex     int    // NVML's index (nvidia-smi's)
+	UUID          string // NVML's UUID
+	Product       string // e.g. "NVIDIA H100 80GB HBM3"
+	DriverVersion string
+	HostDevice    string // the device node as the host sees it
+	MemoryTotal   uint64 // bytes, from NVML
+	// Offered false keeps the GPU out of the slice, and Why says why (an
+	// unhealthy GPU, one not in the shared list).
+	Offered bool
+	Why     string
+}
+
+// deviceName is the GPU's device name in the slice: its UUID in lower
+// case (a DNS label), stable across reboots and driver reloads.
+func (g GPU) deviceName() string { return strings.ToLower(g.UUID) }
+
+// Config is what the driver is told.
+type Config struct {
+	NodeName string
+	Client   kubernetes.Interface
+	// PluginDir is the plugin's directory under kubelet's plugins
+	// directory, as the host sees it (the DRA socket is made there and
+	// kubelet connects to that path); RegistryDir kubelet's
+	// plugins_registry.
+	PluginDir, RegistryDir string
+	// CDIDir is where claim CDI specs are written, a directory of the
+	// container runtime's CDI spec directories.
+	CDIDir string
+	// StateDir keeps the checkpoint of prepared claims (gpud's own root
+	// directory).
+	StateDir string
+	// Reserve is memory kept out of each GPU's capacity (the driver's and
+	// CUDA contexts' own); Min and Step the request policy of a share;
+	// Default the share of a request that asks no memory (an extended
+	// resource request counts devices: each gets Default).
+	Reserve, Min, Step, Default uint64
+	// NVIDIACDI says whether a CDI device kind=name is defined in the
+	// runtime's specs (NVIDIA's nvidia.com/gpu=<UUID>): then a claim gets
+	// it too (driver libraries, control nodes) and gpud's spec adds only
+	// the environment.
+	NVIDIACDI  func(kind, name string) bool
+	NVIDIAKind string
+	// GPUs lists the node's GPUs now; Changed is kicked when they may
+	// have changed (health, memory, the set).
+	GPUs func() []GPU
+	Book *sharing.Book
+	Log  *slog.Logger
+}
+
+// Driver is gpud's DRA kubelet plugin.
+type Driver struct {
+	cfg     Config
+	helper  *kubeletplugin.Helper
+	kick    chan struct{}
+	mu      sync.Mutex
+	claims  map[string]claimRecord // the checkpoint, by claim UID
+	ckpt    *safefs.Dir
+	cdi     *safefs.Dir
+	pub     []resourceapi.Device // what was published last
+	stats   Stats
+	started time.Time
+}
+
+// Stats counts what the driver did, for metrics and tests.
+type Stats struct {
+	Prepared, AlreadyPrepared, PrepareFailed, Unprepared, Collected uint64
+	Published                                                       uint64
+	LastPublish                                                     time.Time
+}
+
+// claimRecord is one prepared claim in the checkpoint.
+type claimRecord struct {
+	Namespace  string           `json:"namespace"`
+	Name       string           `json:"name"`
+	Devices    []preparedDevice `json:"devices"`
+	Shares     []sharing.Share  `json:"shares"`
+	PreparedAt time.Time        `json:"prepared_at"`
+}
+
+type preparedDevice struct {
+	Requests []string `json:"requests"`
+	Pool     string   `json:"pool"`
+	Device   string   `json:"device"`
+	CDI      []string `json:"cdi"`
+	ShareID  string   `json:"share_id,omitempty"`
+}
+
+// checkpointFile is the checkpoint's name in StateDir.
+const checkpointFile = "dra-claims.json"
+
+// checkpoint is the file's document.
+type checkpoint struct {
+	Version int                    `json:"version"`
+	Claims  map[string]claimRecord `json:"claims"`
+}
+
+// maxCheckpoint bounds the checkpoint read back.
+const maxCheckpoint = 16 << 20
+
+// New opens the driver's directories and reads its checkpoint: the claims
+// prepared before a restart are in the book again at once.
+func New(cfg Config) (*Driver, error) {
+	if cfg.Client == nil || cfg.NodeName == "" {
+		return nil, errors.New("dra: an API server and a node name are required")
+	}
+	d := &Driver{cfg: cfg, kick: make(chan struct{}, 1), claims: map[string]claimRecord{}}
+	var err error
+	if d.ckpt, err = safefs.OpenDir(cfg.StateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("dra: state directory: %w", err)
+	}
+	if d.cdi, err = safefs.OpenDir(cfg.CDIDir, 0o755); err != nil {
+		d.ckpt.Close()
+		return nil, fmt.Errorf("dra: CDI directory: %w", err)
+	}
+	if err := d.load(); err != nil {
+		d.Close()
+		return nil, err
+	}
+	for uid, c := range d.claims {
+		cfg.Book.Set(uid, c.Shares)
+	}
+	return d, nil
+}
+
+// Close releases the directories.
+func (d *Driver) Close() {
+	d.ckpt.Close()
+	d.cdi.Close()
+}
+
+// load reads the checkpoint; a missing one is empty, an unreadable or
+// malformed one an error (nothing prepared is forgotten silently).
+func (d *Driver) load() error {
+	b, err := d.ckpt.ReadOwned(checkpointFile, maxCheckpoint)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("dra: checkpoint: %w", err)
+	}
+	var c checkpoint
+	if err := json.Unmarshal(b, &c); err != nil {
+		return fmt.Errorf("dra: checkpoint %s: %w", filepath.Join(d.ckpt.Path, checkpointFile), err)
+	}
+	if c.Version != 1 {
+		return fmt.Errorf("dra: checkpoint %s: version %d, want 1", filepath.Join(d.ckpt.Path, checkpointFile), c.Version)
+	}
+	if c.Claims != nil {
+		d.claims = c.Claims
+	}
+	return nil
+}
+
+// saveLocked writes the checkpoint durably.
+func (d *Driver) saveLocked() error {
+	b, err := json.MarshalIndent(checkpoint{Version: 1, Claims: d.claims}, "", " ")
+	if err != nil {
+		return err
+	}
+	return d.ckpt.WriteFile(checkpointFile, b, 0o600, true)
+}
+
+// Stats returns the counters.
+func (d *Driver) Stats() Stats {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.stats
+}
+
+// Changed asks for the slice to be published again if the GPUs changed.
+func (d *Driver) Changed() {
+	select {
+	case d.kick <- struct{}{}:
+	default:
+	}
+}
+
+// collectEvery is how often prepared claims are checked against the API
+// server: a claim deleted while gpud was down is unprepared after.
+const collectEvery = 30 * time.Second
+
+// Run registers the plugin with kubelet, publishes the slice and keeps it
+// current until ctx ends.
+func (d *Driver) Run(ctx context.Context) error {
+	h, err := kubeletplugin.Start(ctx, d,
+		kubeletplugin.DriverName(DriverName),
+		kubeletplugin.NodeName(d.cfg.NodeName),
+		kubeletplugin.KubeClient(d.cfg.Client),
+		kubeletplugin.PluginDataDirectoryPath(d.cfg.PluginDir),
+		kubeletplugin.RegistrarDirectoryPath(d.cfg.RegistryDir),
+	)
+	if err != nil {
+		return fmt.Errorf("dra: starting the kubelet plugin: %w", err)
+	}
+	defer h.Stop()
+	d.mu.Lock()
+	d.helper, d.started = h, time.Now()
+	d.mu.Unlock()
+	d.cfg.Log.Info("DRA driver registering with kubelet", "driver", DriverName, "plugin_dir", d.cfg.PluginDir, "claims", len(d.claims))
+	d.publish(ctx)
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	collect := time.NewTicker(collectEvery)
+	defer collect.Stop()
+	d.collect(ctx)
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-d.kick:
+			d.publish(ctx)
+		case <-tick.C:
+			d.publish(ctx)
+		case <-collect.C:
+			d.collect(ctx)
+		}
+	}
+}
+
+// Devices returns the slice's devices for gpus: each offered GPU with its
+// attributes and its memory, less the reserve, as a consumable capacity.
+func (d *Driver) Devices(gpus []GPU) []resourceapi.Device {
+	var out []resourceapi.Device
+	for _, g := range gpus {
+		if !g.Offered || g.UUID == "" || g.MemoryTotal <= d.cfg.Reserve {
+			continue
+		}
+		policy := &resourceapi.CapacityRequestPolicy{
+			Default: qty(max(d.cfg.Default, d.cfg.Min)),
+			ValidRange: &resourceapi.CapacityRequestPolicyRange{
+				Min: qty(d.cfg.Min),
+			},
+		}
+		if d.cfg.Step > 0 {
+			policy.ValidRange.Step = qty(d.cfg.Step)
+		}
+		out = append(out, resourceapi.Device{
+			Name: g.deviceName(),
+			Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
+				"uuid":          {StringValue: ptr.To(g.UUID)},
+				"index":         {IntValue: ptr.To(int64(g.NVMLIndex))},
+				"minor":         {IntValue: ptr.To(int64(g.Minor))},
+				"productName":   {StringValue: ptr.To(g.Product)},
+				"driverVersion": {StringValue: ptr.To(g.DriverVersion)},
+			},
+			Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
+				MemoryCapacity: {Value: *qty(g.MemoryTotal - d.cfg.Reserve), RequestPolicy: policy},
+			},
+			AllowMultipleAllocations: ptr.To(true),
+		})
+	}
+	return out
+}
+
+func qty(b uint64) *resource.Quantity { return resource.NewQuantity(int64(b), resource.BinarySI) }
+
+// publish gives the helper the slice when it differs from the last one.
+func (d *Driver) publish(ctx context.Context) {
+	devs := d.Devices(d.cfg.GPUs())
+	d.mu.Lock()
+	same := d.stats.Published > 0 && reflect.DeepEqual(devs, d.pub)
+	h := d.helper
+	d.mu.Unlock()
+	if same || h == nil {
+		return
+	}
+	res := resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{
+		d.cfg.NodeName: {Slices: []resourceslice.Slice{{Devices: devs}}},
+	}}
+	if err := h.PublishResources(ctx, res); err != nil {
+		d.cfg.Log.Error("publishing the ResourceSlice failed", "error", err)
+		return
+	}
+	d.mu.Lock()
+	d.pub = devs
+	d.stats.Published++
+	d.stats.LastPublish = time.Now()
+	d.mu.Unlock()
+	d.cfg.Log.Info("ResourceSlice published", "driver", DriverName, "devices", len(devs))
+}
+
+// PrepareResourceClaims prepares each claim: a CDI spec naming its GPU
+// and its limit, its shares in the book, the checkpoint written before
+// kubelet hears of it. A claim already prepared gets the same answer.
+func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+	out := map[types.UID]kubeletplugin.PrepareResult{}
+	gpus := map[string]GPU{}
+	for _, g := range d.cfg.GPUs() {
+		gpus[g.deviceName()] = g
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	changed := false
+	for _, c := range claims {
+		uid := string(c.UID)
+		if rec, ok := d.claims[uid]; ok {
+			d.stats.AlreadyPrepared++
+			if err := d.writeCDILocked(uid, rec.Shares, gpus); err != nil {
+				out[c.UID] = kubeletplugin.PrepareResult{Err: err}
+				continue
+			}
+			out[c.UID] = kubeletplugin.PrepareResult{Devices: rec.result()}
+			continue
+		}
+		rec, err := d.prepareOne(c, gpus)
+		if err == nil {
+			err = d.writeCDILocked(uid, rec.Shares, gpus)
+		}
+		if err != nil {
+			d.stats.PrepareFailed++
+			d.cfg.Log.Warn("claim not prepared", "claim", c.Namespace+"/"+c.Name, "claim_uid", uid, "error", err)
+			out[c.UID] = kubeletplugin.PrepareResult{Err: err}
+			continue
+		}
+		d.claims[uid] = rec
+		changed = true
+		d.stats.Prepared++
+		out[c.UID] = kubeletplugin.PrepareResult{Devices: rec.result()}
+	}
+	if changed {
+		if err := d.saveLocked(); err != nil {
+			// Nothing is handed to kubelet that a restart would forget.
+			for _, c := range claims {
+				if _, had := out[c.UID]; had && out[c.UID].Err == nil {
+					out[c.UID] = kubeletplugin.PrepareResult{Err: fmt.Errorf("dra: checkpoint: %w", err)}
+				}
+			}
+			if lerr := d.load(); lerr != nil {
+				d.cfg.Log.Error("re-reading the DRA checkpoint failed", "error", lerr)
+			}
+			return out, nil
+		}
+		for _, c := range claims {
+			if rec, ok := d.claims[string(c.UID)]; ok {
+				d.cfg.Book.Set(string(c.UID), rec.Shares)
+				for _, s := range rec.Shares {
+					d.cfg.Log.Info("claim prepared", "claim", c.Namespace+"/"+c.Name, "claim_uid", string(c.UID),
+						"gpu", s.GPU, "uuid", s.UUID, "memory_mib", s.Bytes>>20, "pods", len(s.Pods))
+				}
+			}
+		}
+	}
+	return out, nil
+}
+
+// prepareOne reads the claim's allocation on this node.
+func (d *Driver) prepareOne(c *resourceapi.ResourceClaim, gpus map[string]GPU) (claimRecord, error) {
+	rec := claimRecord{Namespace: c.Namespace, Name: c.Name, PreparedAt: time.Now().UTC()}
+	if c.Status.Allocation == nil {
+		return rec, fmt.Errorf("dra: claim %s/%s is not allocated", c.Namespace, c.Name)
+	}
+	var pods []sharing.PodRef
+	for _, r := range c.Status.ReservedFor {
+		if r.Resource == "pods" && r.APIGroup == "" {
+			pods = append(pods, sharing.PodRef{UID: string(r.UID), Namespace: c.Namespace, Name: r.Name})
+		}
+	}
+	for _, r := range c.Status.Allocation.Devices.Results {
+		if r.Driver != DriverName {
+			continue
+		}
+		g, ok := gpus[r.Device]
+		if r.Pool != d.cfg.NodeName || !ok {
+			return rec, fmt.Errorf("dra: %w: pool %s device %s", ErrNotOurs, r.Pool, r.Device)
+		}
+		q, ok := r.ConsumedCapacity[MemoryCapacity]
+		if !ok || q.Sign() <= 0 {
+			return rec, fmt.Errorf("dra: device %s for request %s: %w", r.Device, r.Request, ErrNoCapacity)
+		}
+		pd := preparedDevice{Requests: []string{r.Request}, Pool: r.Pool, Device: r.Device}
+		if r.ShareID != nil {
+			pd.ShareID = string(*r.ShareID)
+		}
+		rec.Devices = append(rec.Devices, pd)
+		rec.Shares = append(rec.Shares, sharing.Share{
+			ClaimUID: string(c.UID), ClaimNamespace: c.Namespace, ClaimName: c.Name, Request: r.Request,
+			GPU: g.Index, UUID: g.UUID, Bytes: uint64(q.Value()), Pods: pods,
+		})
+	}
+	if len(rec.Devices) == 0 {
+		return rec, fmt.Errorf("dra: claim %s/%s has no device of driver %s", c.Namespace, c.Name, DriverName)
+	}
+	for i := range rec.Devices {
+		rec.Devices[i].CDI = d.cdiIDs(string(c.UID), i, gpus[rec.Devices[i].Device])
+	}
+	return rec, nil
+}
+
+// cdiName is the CDI device of a claim's i-th device: unique per claim,
+// never reused (a runtime caching specs never sees a stale one).
+func cdiName(uid string, i int) string { return uid + "-" + strconv.Itoa(i) }
+
+func (d *Driver) cdiIDs(uid string, i int, g GPU) []string {
+	ids := []string{CDIKind + "=" + cdiName(uid, i)}
+	if d.cfg.NVIDIAKind != "" && d.cfg.NVIDIACDI != nil && d.cfg.NVIDIACDI(d.cfg.NVIDIAKind, g.UUID) {
+		ids = append(ids, d.cfg.NVIDIAKind+"="+g.UUID)
+	}
+	return ids
+}
+
+// result is the claim's answer to kubelet.
+func (r claimRecord) result() []kubeletplugin.Device {
+	var out []kubeletplugin.Device
+	for _, pd := range r.Devices {
+		dev := kubeletplugin.Device{Requests: pd.Requests, PoolName: pd.Pool, DeviceName: pd.Device, CDIDeviceIDs: pd.CDI}
+		if pd.ShareID != "" {
+			id := types.UID(pd.ShareID)
+			dev.ShareID = &id
+		}
+		out = append(out, dev)
+	}
+	return out
+}
+
+// cdiFile is the claim's spec file in the CDI directory.
+func cdiFile(uid string) string { return "gpud.io-claim_" + uid + ".json" }
+
+// Env is the environment a container of a claim gets for one share.
+func Env(s sharing.Share, total uint64) []string {
+	mib := s.Bytes >> 20
+	env := []string{
+		"GPUD_GPU_MEMORY_LIMIT_MIB=" + strconv.FormatUint(mib, 10),
+		"GPUD_GPU_UUID=" + s.UUID,
+		"NVIDIA_VISIBLE_DEVICES=" + s.UUID,
+		// TensorFlow allocates as it grows instead of taking the GPU.
+		"TF_FORCE_GPU_ALLOW_GROWTH=true",
+	}
+	if total > 0 {
+		// JAX preallocates this fraction of the GPU's memory.
+		frac := float64(s.Bytes) / float64(total)
+		env = append(env, "XLA_PYTHON_CLIENT_MEM_FRACTION="+strconv.FormatFloat(frac, 'f', 3, 64))
+	}
+	return env
+}
+
+// cdiSpec is the CDI document gpud writes for one claim.
+type cdiSpec struct {
+	Version string      `json:"cdiVersion"`
+	Kind    string      `json:"kind"`
+	Devices []cdiDevice `json:"devices"`
+}
+
+type cdiDevice struct {
+	Name  string   `json:"name"`
+	Edits cdiEdits `json:"containerEdits"`
+}
+
+type cdiEdits struct {
+	Env         []string  `json:"env,omitempty"`
+	DeviceNodes []cdiNode `json:"deviceNodes,omitempty"`
+}
+
+type cdiNode struct {
+	Path     string `json:"path"`
+	HostPath string `json:"hostPath,omitempty"`
+}
+
+// writeCDILocked writes the claim's CDI spec (again: a restart of the
+// runtime, or a spec removed by hand, must not leave kubelet naming a
+// device nobody defines).
+func (d *Driver) writeCDILocked(uid string, shares []sharing.Share, gpus map[string]GPU) error {
+	spec := cdiSpec{Version: "0.6.0", Kind: CDIKind}
+	byUUID := map[string]GPU{}
+	for _, g := range gpus {
+		byUUID[g.UUID] = g
+	}
+	for i, s := range shares {
+		g, ok := byUUID[s.UUID]
+		if !ok {
+			return fmt.Errorf("dra: claim %s: GPU %s: %w", uid, s.UUID, ErrNotOurs)
+		}
+		dev := cdiDevice{Name: cdiName(uid, i), Edits: cdiEdits{Env: Env(s, g.MemoryTotal)}}
+		if len(d.cdiIDs(uid, i, g)) == 1 {
+			// No NVIDIA CDI device brings the node: gpud's spec does.
+			dev.Edits.DeviceNodes = []cdiNode{{Path: "/dev/nvidia" + strconv.Itoa(g.Index), HostPath: g.HostDevice}}
+		}
+		spec.Devices = append(spec.Devices, dev)
+	}
+	b, err := json.MarshalIndent(spec, "", " ")
+	if err != nil {
+		return err
+	}
+	if err := d.cdi.WriteFile(cdiFile(uid), b, 0o644, true); err != nil {
+		return fmt.Errorf("dra: CDI spec: %w", err)
+	}
+	return nil
+}
+
+// UnprepareResourceClaims undoes PrepareResourceClaims; a claim not
+// prepared is no error (kubelet may ask again).
+func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
+	out := map[types.UID]error{}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, c := range claims {
+		out[c.UID] = d.unprepareLocked(string(c.UID), "kubelet")
+	}
+	return out, nil
+}
+
+func (d *Driver) unprepareLocked(uid, why string) error {
+	rec, ok := d.claims[uid]
+	if err := d.cdi.Remove(cdiFile(uid)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("dra: removing the CDI spec of claim %s: %w", uid, err)
+	}
+	if !ok {
+		return nil
+	}
+	delete(d.claims, uid)
+	if err := d.saveLocked(); err != nil {
+		d.claims[uid] = rec
+		return fmt.Errorf("dra: checkpoint: %w", err)
+	}
+	d.cfg.Book.Remove(uid)
+	d.stats.Unprepared++
+	d.cfg.Log.Info("claim unprepared", "claim", rec.Namespace+"/"+rec.Name, "claim_uid", uid, "by", why)
+	return nil
+}
+
+// collect unprepares the checkpointed claims the API server no longer has
+// (deleted, or replaced by a claim of the same name) and that no pod of
+// this node uses: kubelet does not ask for a claim it no longer knows.
+func (d *Driver) collect(ctx context.Context) {
+	d.mu.Lock()
+	recs := maps.Clone(d.claims)
+	d.mu.Unlock()
+	var gone []string
+	for uid, rec := range recs {
+		c, err := d.cfg.Client.ResourceV1().ResourceClaims(rec.Namespace).Get(ctx, rec.Name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+		case err != nil:
+			continue // the API server is away: judge later
+		case string(c.UID) != uid:
+		default:
+			continue
+		}
+		if d.podsAlive(ctx, rec) {
+			continue
+		}
+		gone = append(gone, uid)
+	}
+	slices.Sort(gone)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, uid := range gone {
+		if err := d.unprepareLocked(uid, "claim gone from the API server"); err != nil {
+			d.cfg.Log.Warn("unpreparing a deleted claim failed", "claim_uid", uid, "error", err)
+			continue
+		}
+		d.stats.Collected++
+	}
+}
+
+// podsAlive reports whether a pod the claim was prepared for still exists
+// with the same UID (its containers may still run).
+func (d *Driver) podsAlive(ctx context.Context, rec claimRecord) bool {
+	for _, s := range rec.Shares {
+		for _, p := range s.Pods {
+			pod, err := d.cfg.Client.CoreV1().Pods(p.Namespace).Get(ctx, p.Name, metav1.GetOptions{})
+			if err != nil && !apierrors.IsNotFound(err) {
+				return true // unknown: keep it
+			}
+			if err == nil && string(pod.UID) == p.UID {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// HandleError logs the helper's background errors; they are all
+// retried by it (publishing), none stops gpud.
+func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
+	d.cfg.Log.Error("DRA driver: "+msg, "error", err)
+}
