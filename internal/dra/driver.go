@@ -238,6 +238,9 @@ const collectEvery = 30 * time.Second
 // Run registers the plugin with kubelet, publishes the slice and keeps it
 // current until ctx ends.
 func (d *Driver) Run(ctx context.Context) error {
+	if err := Served(d.cfg.Client); err != nil {
+		return err
+	}
 	h, err := kubeletplugin.Start(ctx, d,
 		kubeletplugin.DriverName(DriverName),
 		kubeletplugin.NodeName(d.cfg.NodeName),
@@ -271,6 +274,27 @@ func (d *Driver) Run(ctx context.Context) error {
 			d.collect(ctx)
 		}
 	}
+}
+
+// ErrNotServed: the API server has no resource.k8s.io/v1 (Kubernetes
+// before 1.34, or DRA turned off).
+var ErrNotServed = errors.New("the API server serves no resource.k8s.io/v1 ResourceSlices (DRA needs Kubernetes 1.34 or later; consumable capacity 1.36)")
+
+// Served checks that the API server serves what the driver needs.
+func Served(c kubernetes.Interface) error {
+	res, err := c.Discovery().ServerResourcesForGroupVersion(resourceapi.SchemeGroupVersion.String())
+	if apierrors.IsNotFound(err) {
+		return ErrNotServed
+	}
+	if err != nil {
+		return fmt.Errorf("dra: asking the API server for resource.k8s.io/v1: %w", err)
+	}
+	for _, r := range res.APIResources {
+		if r.Name == "resourceslices" {
+			return nil
+		}
+	}
+	return ErrNotServed
 }
 
 // Devices returns the slice's devices for gpus: each offered GPU with its
