@@ -74,7 +74,7 @@ fuzz:
 # Figures, each as a ratio to a baseline measured in the same run.
 bench: build
 	scripts/deps.sh build test
-	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -count=1 -p 1 -timeout 30m ./internal/daemon/ ./internal/occupancy/
+	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -count=1 -p 1 -timeout 30m ./internal/daemon/ ./internal/occupancy/ ./internal/dra/
 
 # gpud's main job on fake GPUs (or real ones when an NVIDIA driver is present).
 demo: build

@@ -58,6 +58,26 @@ type StateFile struct {
 	// LeftAlone are GPUs gpud found and does not manage (MIG enabled):
 	// neither judged by the gate nor lent. Absent when none.
 	LeftAlone []StateLeftAlone `json:"left_alone,omitempty"`
+	// DRA is gpud's DRA driver (GPUs shared by memory, --dra); absent
+	// without it.
+	DRA *StateDRA `json:"dra,omitempty"`
+}
+
+// StateDRA is what gpud's DRA driver offers and has prepared.
+type StateDRA struct {
+	Driver string `json:"driver"` // gpud.io
+	// Offered is the number of GPUs in the node's ResourceSlice;
+	// NotOffered the others, and why.
+	Offered    int               `json:"offered"`
+	NotOffered []StateNotOffered `json:"not_offered,omitempty"`
+	Claims     int               `json:"claims"` // claims prepared on this node
+}
+
+// StateNotOffered is a GPU kept out of the ResourceSlice.
+type StateNotOffered struct {
+	Index  int    `json:"index"`
+	UUID   string `json:"uuid,omitempty"`
+	Reason string `json:"reason"`
 }
 
 // StateNVML is where NVML came from.

@@ -245,6 +245,9 @@ func (d *Daemon) decorate(f *v1.StateFile) {
 	if s := d.executor.Suspensions(); len(s) > 0 {
 		f.Suspended = s
 	}
+	if d.dra != nil {
+		d.decorateDRA(f)
+	}
 }
 
 // enforcing: the gate applies the rules now; monitoring off turns them off

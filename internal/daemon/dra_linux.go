@@ -3,15 +3,19 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	v1 "github.com/gpud/gpud/api/v1"
 	"github.com/gpud/gpud/internal/deviceplugin/lending"
 	"github.com/gpud/gpud/internal/dra"
+	"github.com/gpud/gpud/internal/metrics"
 	"github.com/gpud/gpud/internal/sharing"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // setupDRA builds the DRA driver: GPU sharing by memory. It needs an API
@@ -44,6 +48,7 @@ func (d *Daemon) setupDRA() error {
 			d.writer.Kick()
 		}
 	})
+	d.draMetrics(drv)
 	d.runners = append(d.runners, func(ctx context.Context) {
 		defer drv.Close()
 		if err := drv.Run(ctx); err != nil {
@@ -112,4 +117,53 @@ func (d *Daemon) hostDevice(p string) string {
 		return p
 	}
 	return filepath.Join(d.cfg.HostDevDir, rel)
+}
+
+// draMetrics registers the DRA driver's counters, read at each scrape.
+func (d *Daemon) draMetrics(drv *dra.Driver) {
+	reg := d.metrics.Registry()
+	stat := func(f func(dra.Stats) float64) func() float64 { return func() float64 { return f(drv.Stats()) } }
+	name := func(n string) string { return metrics.Namespace + "_dra_" + n }
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name("claims_prepared"), Help: "Claims gpud's DRA driver has prepared on this node (its checkpoint)."},
+			stat(func(s dra.Stats) float64 { return float64(s.Claims) })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name("devices_offered"), Help: "GPUs in this node's ResourceSlice of driver gpud.io (shared, healthy, memory known)."},
+			stat(func(s dra.Stats) float64 { return float64(s.Offered) })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name("slice_publishes_total"), Help: "ResourceSlice contents handed to the API server (each change of the shared GPUs)."},
+			stat(func(s dra.Stats) float64 { return float64(s.Published) })),
+	)
+	for result, f := range map[string]func(dra.Stats) uint64{
+		"prepared": func(s dra.Stats) uint64 { return s.Prepared },
+		"already":  func(s dra.Stats) uint64 { return s.AlreadyPrepared },
+		"failed":   func(s dra.Stats) uint64 { return s.PrepareFailed },
+	} {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: name("prepares_total"), ConstLabels: prometheus.Labels{"result": result},
+			Help: "Claim preparations asked by kubelet, by result: prepared (new), already (prepared before: kubelet or gpud restarted), failed.",
+		}, stat(func(s dra.Stats) float64 { return float64(f(s)) })))
+	}
+	for by, f := range map[string]func(dra.Stats) uint64{
+		"kubelet":   func(s dra.Stats) uint64 { return s.Unprepared - s.Collected },
+		"collected": func(s dra.Stats) uint64 { return s.Collected },
+	} {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: name("unprepares_total"), ConstLabels: prometheus.Labels{"by": by},
+			Help: "Claims unprepared, by who asked: kubelet, or gpud's collection of claims deleted while it was down.",
+		}, stat(func(s dra.Stats) float64 { return float64(f(s)) })))
+	}
+}
+
+// decorateDRA adds the DRA driver's section to the state document.
+func (d *Daemon) decorateDRA(f *v1.StateFile) {
+	st := d.dra.Stats()
+	s := &v1.StateDRA{Driver: dra.DriverName, Offered: st.Offered, Claims: st.Claims}
+	uuids := map[int]string{}
+	for _, g := range f.GPUs {
+		uuids[g.Index] = g.UUID
+	}
+	why := d.dra.NotOffered()
+	for _, idx := range slices.Sorted(maps.Keys(why)) {
+		s.NotOffered = append(s.NotOffered, v1.StateNotOffered{Index: idx, UUID: uuids[idx], Reason: why[idx]})
+	}
+	f.DRA = s
 }

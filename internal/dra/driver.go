@@ -122,6 +122,7 @@ type Stats struct {
 	Prepared, AlreadyPrepared, PrepareFailed, Unprepared, Collected uint64
 	Published                                                       uint64
 	LastPublish                                                     time.Time
+	Claims, Offered                                                 int // prepared claims, devices in the slice
 }
 
 // claimRecord is one prepared claim in the checkpoint.
@@ -167,6 +168,19 @@ func New(cfg Config) (*Driver, error) {
 	if d.cdi, err = safefs.OpenDir(cfg.CDIDir, 0o755); err != nil {
 		d.ckpt.Close()
 		return nil, fmt.Errorf("dra: CDI directory: %w", err)
+	}
+	// kubelet's directories: the plugin's own is made here (the helper
+	// only listens in it); neither may be changed by anyone but root.
+	for _, dir := range []string{cfg.PluginDir, cfg.RegistryDir} {
+		if dir == "" {
+			continue
+		}
+		sd, err := safefs.OpenDir(dir, 0o750)
+		if err != nil {
+			d.Close()
+			return nil, fmt.Errorf("dra: kubelet plugin directory: %w", err)
+		}
+		sd.Close()
 	}
 	if err := d.load(); err != nil {
 		d.Close()
@@ -220,7 +234,20 @@ func (d *Driver) saveLocked() error {
 func (d *Driver) Stats() Stats {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.stats
+	s := d.stats
+	s.Claims, s.Offered = len(d.claims), len(d.pub)
+	return s
+}
+
+// NotOffered says, per GPU index, why a GPU is not in the slice.
+func (d *Driver) NotOffered() map[int]string {
+	out := map[int]string{}
+	for _, g := range d.cfg.GPUs() {
+		if !g.Offered {
+			out[g.Index] = g.Why
+		}
+	}
+	return out
 }
 
 // Changed asks for the slice to be published again if the GPUs changed.

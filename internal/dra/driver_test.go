@@ -256,6 +256,13 @@ func TestCollectUnpreparesDeletedClaims(t *testing.T) {
 	}
 }
 
+// servedResources makes the fake API server serve DRA's resources.
+func servedResources(cs *fake.Clientset) {
+	cs.Discovery().(*fakediscovery.FakeDiscovery).Resources = []*metav1.APIResourceList{{
+		GroupVersion: "resource.k8s.io/v1", APIResources: []metav1.APIResource{{Name: "resourceslices"}, {Name: "resourceclaims"}},
+	}}
+}
+
 func TestServedSaysWhatAnOldClusterLacks(t *testing.T) {
 	cs := fake.NewClientset()
 	if err := Served(cs); !errors.Is(err, ErrNotServed) {

@@ -134,6 +134,9 @@ func renderSource(w io.Writer, f *v1.StateFile) {
 		line += fmt.Sprintf(" (NVML %s, driver %s)", printable(f.NVML.Library), orDash(printable(f.NVML.DriverVersion)))
 	}
 	fmt.Fprintln(w, line)
+	if d := f.DRA; d != nil {
+		fmt.Fprintf(w, "sharing by memory (DRA %s): %d GPUs offered, %d claims prepared\n", printable(d.Driver), d.Offered, d.Claims)
+	}
 }
 
 // renderGPUFacts lists what NVML says of each GPU (memory, health), why a
@@ -151,6 +154,13 @@ func renderGPUFacts(w io.Writer, f *v1.StateFile, now time.Time) {
 				since = " for " + ago(now, *h.Since)
 			}
 			parts = append(parts, fmt.Sprintf("UNHEALTHY%s: %s", since, printable(h.Reason)))
+		}
+		if f.DRA != nil {
+			for _, n := range f.DRA.NotOffered {
+				if n.Index == g.Index {
+					parts = append(parts, "not shared: "+printable(n.Reason))
+				}
+			}
 		}
 		if g.Lendable != nil && !*g.Lendable && g.State != occupancy.Lent && g.NotLendable != "" {
 			parts = append(parts, "not lent: "+printable(g.NotLendable))

@@ -401,6 +401,27 @@ func TestRenderNVMLFacts(t *testing.T) {
 	}
 }
 
+// The DRA driver's section: what it offers, why a GPU is not shared.
+func TestRenderDRA(t *testing.T) {
+	now := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
+	f := &v1.StateFile{Node: "n", UpdatedAt: now, Monitoring: true, ActivitySource: "nvml", NVML: &v1.StateNVML{Library: "l", DriverVersion: "570"},
+		GPUs: []v1.StateGPU{{Index: 0, State: occupancy.Free}, {Index: 1, State: occupancy.Free}},
+		DRA:  &v1.StateDRA{Driver: "gpud.io", Offered: 1, Claims: 3, NotOffered: []v1.StateNotOffered{{Index: 1, Reason: "unhealthy: XID 79\x1b[31m"}}},
+	}
+	var b strings.Builder
+	if err := RenderWide(&b, f, now); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"sharing by memory (DRA gpud.io): 1 GPUs offered, 3 claims prepared", "GPU 1  not shared: unhealthy: XID 79"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("status lacks %q:\n%s", want, b.String())
+		}
+	}
+	if strings.Contains(b.String(), "\x1b") {
+		t.Errorf("a reason's escape sequence reached the terminal:\n%q", b.String())
+	}
+}
+
 func TestRenderSuspended(t *testing.T) {
 	f := &v1.StateFile{Version: 1, Monitoring: true, Suspended: []v1.Suspension{{
 		Workload: "pod/aaaabbbb-cccc", PIDs: []int{4242}, GPUs: []int{1}, Since: now.Add(-90 * time.Second),

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	v1 "github.com/gpud/gpud/api/v1"
 	"github.com/gpud/gpud/internal/testutil"
 	"golang.org/x/sys/unix"
 )
@@ -190,6 +191,10 @@ func TestSharingByMemoryThroughDRA(t *testing.T) {
 		t.Errorf("shares on %d GPUs, want both used: %v", len(used), used)
 	}
 
+	waitHostState(t, 20*time.Second, "the state file's DRA section: both GPUs offered, four claims", func(f *v1.StateFile) bool {
+		return f.DRA != nil && f.DRA.Driver == "gpud.io" && f.DRA.Offered == 2 && f.DRA.Claims == 4 && len(f.DRA.NotOffered) == 0
+	})
+
 	// A fifth asking 12 GiB: no GPU has 12 left.
 	sharePod(t, "sh12b", "12Gi")
 	testutil.Eventually(t, 30*time.Second, "the fifth pod unschedulable, with the scheduler's reason", func() bool {
@@ -214,6 +219,7 @@ func TestSharingByMemoryThroughDRA(t *testing.T) {
 		t.Errorf("the extended-resource pod's limit: %q (%v), want 4096", out, err)
 	}
 	kubectl(t, "delete", "pod", "shext", "--grace-period=0", "--force")
+	testutil.Eventually(t, 60*time.Second, "the extended-resource pod's claim unprepared", func() bool { return len(draCheckpoint(t)) == 4 })
 
 	// Restarts: gpud's pod, then kubelet. The pods keep running, their
 	// claims prepared once.
