@@ -64,9 +64,13 @@ func (d *Daemon) Shares() *sharing.Book { return d.shares }
 // DRA is the DRA driver; nil without it.
 func (d *Daemon) DRA() *dra.Driver { return d.dra }
 
-// shared reports whether --dra-shared-gpus names the GPU.
+// shared reports whether --dra-shared-gpus, or the node's
+// gpud.io/shared-gpus label, names the GPU.
 func (d *Daemon) shared(index int, uuid string) bool {
 	list := d.cfg.DRASharedGPUs
+	if l := d.dra.NodeShared(); l != nil {
+		list = l
+	}
 	switch {
 	case slices.Contains(list, "none"):
 		return false
@@ -94,7 +98,7 @@ func (d *Daemon) draGPUs() []dra.GPU {
 		}
 		switch {
 		case !d.shared(g.Index, g.UUID):
-			dg.Why = "not in --dra-shared-gpus"
+			dg.Why = "not in --dra-shared-gpus or the node's " + dra.SharedLabel + " label"
 		case g.UUID == "":
 			dg.Why = "no UUID from NVML"
 		case g.Health.Unhealthy:

@@ -115,6 +115,49 @@ type Driver struct {
 	pub     []resourceapi.Device // what was published last
 	stats   Stats
 	started time.Time
+	// nodeShared is the node's gpud.io/shared-gpus label, split; nil
+	// without it.
+	nodeShared []string
+}
+
+// SharedLabel is the node label that overrides --dra-shared-gpus on that
+// node: all, none, or gpud indexes joined by dots (0.2.3); a label value
+// holds no commas.
+const SharedLabel = "gpud.io/shared-gpus"
+
+// NodeShared is the node label's list (nil without the label).
+func (d *Driver) NodeShared() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.nodeShared
+}
+
+// readNodeLabel reads SharedLabel off the node; an API error keeps what
+// was read before.
+func (d *Driver) readNodeLabel(ctx context.Context) {
+	n, err := d.cfg.Client.CoreV1().Nodes().Get(ctx, d.cfg.NodeName, metav1.GetOptions{})
+	if err != nil {
+		return
+	}
+	var list []string
+	if v, ok := n.Labels[SharedLabel]; ok {
+		list = strings.Split(v, ".")
+		for _, e := range list {
+			if _, err := strconv.Atoi(e); err != nil && e != "all" && e != "none" {
+				d.cfg.Log.Warn("node label ignored: want all, none or indexes joined by dots", "label", SharedLabel, "value", v)
+				list = nil
+				break
+			}
+		}
+	}
+	d.mu.Lock()
+	changed := !slices.Equal(list, d.nodeShared)
+	d.nodeShared = list
+	d.mu.Unlock()
+	if changed {
+		d.cfg.Log.Info("GPUs shared on this node", "label", SharedLabel, "value", strings.Join(list, "."))
+		d.Changed()
+	}
 }
 
 // Stats counts what the driver did, for metrics and tests.
@@ -288,6 +331,7 @@ func (d *Driver) Run(ctx context.Context) error {
 	defer tick.Stop()
 	collect := time.NewTicker(collectEvery)
 	defer collect.Stop()
+	d.readNodeLabel(ctx)
 	d.collect(ctx)
 	for {
 		select {
@@ -298,6 +342,7 @@ func (d *Driver) Run(ctx context.Context) error {
 		case <-tick.C:
 			d.publish(ctx)
 		case <-collect.C:
+			d.readNodeLabel(ctx)
 			d.collect(ctx)
 		}
 	}

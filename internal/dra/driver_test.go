@@ -275,3 +275,35 @@ func TestServedSaysWhatAnOldClusterLacks(t *testing.T) {
 		t.Errorf("served: %v", err)
 	}
 }
+
+// The node's gpud.io/shared-gpus label overrides the flag on that node; a
+// malformed one is ignored, as is an API server that does not answer.
+func TestNodeLabelSaysWhichGPUsAreShared(t *testing.T) {
+	state, cdi := dirs(t)
+	d, cs := newDriver(t, state, cdi)
+	ctx := context.Background()
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node1", Labels: map[string]string{SharedLabel: "0.3"}}}
+	if _, err := cs.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	d.readNodeLabel(ctx)
+	if got := d.NodeShared(); strings.Join(got, ",") != "0,3" {
+		t.Errorf("label 0.3: %v", got)
+	}
+	node.Labels[SharedLabel] = "0.gpu-x"
+	if _, err := cs.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	d.readNodeLabel(ctx)
+	if got := d.NodeShared(); got != nil {
+		t.Errorf("a malformed label: %v, want it ignored (the flag applies)", got)
+	}
+	node.Labels[SharedLabel] = "none"
+	cs.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{})
+	d.readNodeLabel(ctx)
+	cs.CoreV1().Nodes().Delete(ctx, "node1", metav1.DeleteOptions{})
+	d.readNodeLabel(ctx)
+	if got := d.NodeShared(); strings.Join(got, ",") != "none" {
+		t.Errorf("after the API server lost the node: %v, want the last label read (none)", got)
+	}
+}

@@ -133,7 +133,7 @@ func TestSharingByMemoryThroughDRA(t *testing.T) {
 		t.Fatal(err)
 	}
 	root := t.TempDir()
-	testutil.NewNVMLDouble(t, filepath.Join(root, "usr/lib/x86_64-linux-gnu"),
+	double := testutil.NewNVMLDouble(t, filepath.Join(root, "usr/lib/x86_64-linux-gnu"),
 		testutil.NVMLGPU{Index: 0, Minor: 229, UUID: shareUUID0, Name: "NVIDIA L4", MemoryTotal: 16 << 30},
 		testutil.NVMLGPU{Index: 1, Minor: 7, UUID: shareUUID1, Name: "NVIDIA L4", MemoryTotal: 16 << 30})
 	kr := env(t, "KUBELET_ROOT")
@@ -284,6 +284,33 @@ func TestSharingByMemoryThroughDRA(t *testing.T) {
 			t.Errorf("%s: %s after gpud came back", p, out)
 		}
 	}
+
+	// Which GPUs a node shares: its gpud.io/shared-gpus label (read every
+	// 30 s) overrides the chart's list.
+	sliceDevices := func() string {
+		out, _ := kubectl(t, "get", "resourceslices", "--field-selector", "spec.driver=gpud.io", "-o", `jsonpath={range .items[*].spec.devices[*]}{.attributes.uuid.string};{end}`)
+		return out
+	}
+	node := env(t, "NODE_NAME")
+	mustKubectl(t, "label", "node", node, "gpud.io/shared-gpus=1")
+	t.Cleanup(func() { kubectl(t, "label", "node", node, "gpud.io/shared-gpus-") })
+	testutil.Eventually(t, 60*time.Second, "the label keeps GPU 0 out of the slice", func() bool { return sliceDevices() == shareUUID1+";" })
+	f := waitHostState(t, 10*time.Second, "why GPU 0 is not shared", func(f *v1.StateFile) bool {
+		return f.DRA != nil && len(f.DRA.NotOffered) == 1 && f.DRA.NotOffered[0].Index == 0
+	})
+	if !strings.Contains(f.DRA.NotOffered[0].Reason, "gpud.io/shared-gpus") {
+		t.Errorf("not offered because %q, want the label named", f.DRA.NotOffered[0].Reason)
+	}
+	mustKubectl(t, "label", "node", node, "gpud.io/shared-gpus-")
+	testutil.Eventually(t, 60*time.Second, "both GPUs back in the slice", func() bool { return strings.Count(sliceDevices(), ";") == 2 })
+
+	// A GPU that turns unhealthy leaves the slice at once.
+	xid := time.Now()
+	testutil.Eventually(t, 20*time.Second, "an XID 79 takes GPU 1 out of the slice", func() bool {
+		double.XID(t, 1, 79) // repeated: events before gpud registered are not delivered
+		return sliceDevices() == shareUUID0+";"
+	})
+	t.Logf("XID → the slice without the GPU: %s", time.Since(xid).Round(time.Millisecond))
 }
 
 // resourcePodScheduled is resourcePod placed by the scheduler (an
