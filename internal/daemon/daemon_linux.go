@@ -545,6 +545,10 @@ func (d *Daemon) setupLending(proc *occupancy.ProcFS) {
 		Resource: cfg.ResourceName, OwnerResource: cfg.OwnerResource, LendFree: cfg.LendFree,
 		DevDir: cfg.DevDir, HostDevDir: cfg.HostDevDir, CDIKind: cfg.CDIKind, GPUs: d.gpus,
 		MinFreeMemory: cfg.LendMinFreeMemory,
+		Shared: func(gpu int) bool {
+			// Set before the lender runs: setupDRA follows setupLending.
+			return d.dra != nil && d.dra.Offers(gpu)
+		},
 	}, d.ledger, d.registry, d.gate, lending.Socket(cfg.PodResourcesSocket))
 	d.lender.Log, d.lender.ProcInfo = d.log, proc.Info
 	d.lender.CDI = &lending.CDISpecs{Dirs: cfg.CDISpecDirs}

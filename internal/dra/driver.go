@@ -105,16 +105,18 @@ type Config struct {
 
 // Driver is gpud's DRA kubelet plugin.
 type Driver struct {
-	cfg     Config
-	helper  *kubeletplugin.Helper
-	kick    chan struct{}
-	mu      sync.Mutex
-	claims  map[string]claimRecord // the checkpoint, by claim UID
-	ckpt    *safefs.Dir
-	cdi     *safefs.Dir
-	pub     []resourceapi.Device // what was published last
-	stats   Stats
-	started time.Time
+	cfg    Config
+	helper *kubeletplugin.Helper
+	kick   chan struct{}
+	mu     sync.Mutex
+	claims map[string]claimRecord // the checkpoint, by claim UID
+	ckpt   *safefs.Dir
+	cdi    *safefs.Dir
+	pub    []resourceapi.Device // what was published last
+	// pubIndex maps a published device's name to gpud's index of its GPU.
+	pubIndex map[string]int
+	stats    Stats
+	started  time.Time
 	// nodeShared is the node's gpud.io/shared-gpus label, split; nil
 	// without it.
 	nodeShared []string
@@ -282,6 +284,18 @@ func (d *Driver) Stats() Stats {
 	return s
 }
 
+// Offers reports whether GPU index is in the slice now (shared).
+func (d *Driver) Offers(index int) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, dev := range d.pub {
+		if idx, ok := d.pubIndex[dev.Name]; ok && idx == index {
+			return true
+		}
+	}
+	return false
+}
+
 // NotOffered says, per GPU index, why a GPU is not in the slice.
 func (d *Driver) NotOffered() map[int]string {
 	out := map[int]string{}
@@ -408,7 +422,12 @@ func qty(b uint64) *resource.Quantity { return resource.NewQuantity(int64(b), re
 
 // publish gives the helper the slice when it differs from the last one.
 func (d *Driver) publish(ctx context.Context) {
-	devs := d.Devices(d.cfg.GPUs())
+	gpus := d.cfg.GPUs()
+	devs := d.Devices(gpus)
+	index := map[string]int{}
+	for _, g := range gpus {
+		index[g.deviceName()] = g.Index
+	}
 	d.mu.Lock()
 	same := d.stats.Published > 0 && reflect.DeepEqual(devs, d.pub)
 	h := d.helper
@@ -424,7 +443,7 @@ func (d *Driver) publish(ctx context.Context) {
 		return
 	}
 	d.mu.Lock()
-	d.pub = devs
+	d.pub, d.pubIndex = devs, index
 	d.stats.Published++
 	d.stats.LastPublish = time.Now()
 	d.mu.Unlock()

@@ -85,6 +85,9 @@ type Config struct {
 	// MinFreeMemory: a GPU is lendable only with this much memory free
 	// (bytes; not applied where NVML does not report memory).
 	MinFreeMemory uint64
+	// Shared reports whether a GPU is shared by memory (DRA): such a GPU
+	// is never lent whole. nil: none is.
+	Shared func(gpu int) bool
 }
 
 // OwnerMemoryGrowth is how much an owner's GPU memory may grow during a
@@ -215,6 +218,8 @@ func (l *Lender) lendable(g occupancy.GPUView) bool { return l.notLendable(g) ==
 // notLendable says why a GPU may not be lent now; "" when it may.
 func (l *Lender) notLendable(g occupancy.GPUView) string {
 	switch {
+	case l.cfg.Shared != nil && l.cfg.Shared(g.Index):
+		return "shared by memory (DRA): never lent whole"
 	case g.Health.Unhealthy:
 		return "unhealthy: " + g.Health.Reason
 	case l.cfg.MinFreeMemory > 0 && g.Memory != nil && g.Memory.Free() < l.cfg.MinFreeMemory:

@@ -461,6 +461,12 @@ func TestLendableNeedsHealthAndFreeMemory(t *testing.T) {
 	if !healthy() || why() != "" {
 		t.Errorf("6 GiB free: not lendable (%q)", why())
 	}
+	// A GPU shared by memory (DRA) is never lent whole.
+	f.l.cfg.Shared = func(gpu int) bool { return gpu == 0 }
+	if healthy() || !strings.Contains(why(), "shared by memory") {
+		t.Errorf("shared: lendable %v (%q)", healthy(), why())
+	}
+	f.l.cfg.Shared = nil
 	f.ledger.SetUnhealthy(0, "XID 79", true, time.Now())
 	if healthy() || why() != "unhealthy: XID 79" {
 		t.Errorf("after XID 79: lendable %v (%q)", healthy(), why())
