@@ -216,7 +216,7 @@ GUEST
 boot() {
 	local kdir=$1 logf=$2 vmlinuz
 	vmlinuz=$(ls "$kdir"/root/boot/vmlinuz-*)
-	local machine=(-machine q35 -accel tcg,thread=multi -cpu max)
+	local machine=(-machine q35 -accel tcg,thread=single -cpu max)
 	# arch-capabilities off: nested KVM refuses that MSR.
 	[[ $ACCEL == kvm ]] && machine=(-machine q35,accel=kvm -cpu host,-arch-capabilities)
 	timeout --foreground -k 10 "$TIMEOUT" qemu-system-x86_64 "${machine[@]}" \
