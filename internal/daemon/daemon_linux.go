@@ -29,6 +29,7 @@ import (
 	"github.com/gpud/gpud/internal/nvidia"
 	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/preempt"
+	"github.com/gpud/gpud/internal/sharing"
 	"github.com/gpud/gpud/internal/workload"
 	"github.com/gpud/gpud/internal/workload/cri"
 	wdocker "github.com/gpud/gpud/internal/workload/docker"
@@ -46,6 +47,10 @@ type Config struct {
 	// HTTPLimits bound the metrics port and the control socket (connection
 	// cap, timeouts); zero fields take httpserve's defaults.
 	HTTPLimits httpserve.Limits
+	// Shares is the book of GPU memory shares gpud's DRA driver prepared
+	// (nil: no sharing): the shared GPUs are judged against it on every
+	// NVML sample and every change, and its pods are fenced to their GPUs.
+	Shares *sharing.Book
 }
 
 // Daemon is a running gpud.
@@ -77,6 +82,7 @@ type Daemon struct {
 	lender   *lending.Lender
 	plugin   *deviceplugin.Plugin
 	sources  workload.Listings
+	shares   *shares // nil without a share book
 	runners  []func(context.Context) // the optional parts that run until gpud stops
 
 	metrics                                          *metrics.Metrics
@@ -149,6 +155,10 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	}
 	d.gate.Identify, d.gate.Wall = d.tracker.Identify, d.tracker.Wall
 	d.registry.OnChange = d.gate.ClassChanged
+	d.setupShares()
+	if d.shares != nil {
+		d.registry.OnChange = d.registryChanged
+	}
 	d.registry.OnExpect = (&gate.Expectations{Kernel: d.mon, Log: log}).Set
 	if err := d.mon.MkdirHook(); err != nil {
 		log.Warn("cgroups are not classified as they are made: a workload's opens before gpud finds its cgroup are judged after the fact", "error", err)
@@ -233,6 +243,7 @@ func (d *Daemon) decorate(f *v1.StateFile) {
 	if s := d.executor.Suspensions(); len(s) > 0 {
 		f.Suspended = s
 	}
+	d.decorateShares(f)
 }
 
 // enforcing: the gate applies the rules now; monitoring off turns them off
@@ -423,6 +434,7 @@ func (d *Daemon) periodic(ctx context.Context) {
 			d.ledger.Refresh(now)
 			d.ledger.RefreshComms(d.tracker.Proc.Comm)
 			d.gate.Sync()
+			d.kickShares() // after the sample: the memory it judges
 			if d.cfg.ResyncInterval > 0 && now.Sub(lastResync) >= d.cfg.ResyncInterval && d.monitoring.Load() {
 				lastResync = now
 				if err := d.tracker.Resync(); err != nil {

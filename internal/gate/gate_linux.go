@@ -27,6 +27,8 @@ type Kernel interface {
 	SetGPUPolicy(gpu uint32, p bpf.GPUPolicy, confirmedMono uint64) error
 	SetCgroupPriority(cgroupID uint64, prio uint32) error
 	ForgetCgroup(cgroupID uint64) error
+	FenceCgroup(cgroupID uint64, gpus bpf.GPUSet, fenced int) error
+	UnfenceCgroup(cgroupID uint64, fenced int) error
 }
 
 // Loans is the lender as the gate sees it: a lent GPU's idle owner does
@@ -66,6 +68,7 @@ type Controller struct {
 	Rejudged atomic.Uint64 // holders preempted by Rejudge
 
 	judging atomic.Bool // Rejudge acts (Judge was called)
+	fences  fences      // sharing pods' GPUs, as the kernel has them
 
 	ctx   context.Context
 	loans Loans
@@ -213,6 +216,26 @@ func (c *Controller) Preempt(gpu int, by occupancy.ProcInfo, holders []occupancy
 	}
 	if len(victims) > 0 {
 		c.preempt(gpu, by, victims, time.Now())
+	}
+	return len(victims)
+}
+
+// PreemptForRule preempts holders of gpu for by under a rule decided
+// outside the rule table (the GPU memory share rule: its name goes to the
+// records); only low-priority holders are ever taken, whatever the caller
+// passes. It returns how many were new.
+func (c *Controller) PreemptForRule(gpu int, by occupancy.ProcInfo, holders []occupancy.ProcInfo, rule, reason string) int {
+	var victims []preempt.Victim
+	for _, h := range holders {
+		if h.Priority != occupancy.Low || h.Agent {
+			continue
+		}
+		if v := c.victim(h, reason); !c.Exec.Handled(v) {
+			victims = append(victims, v)
+		}
+	}
+	if len(victims) > 0 {
+		c.Exec.Preempt(c.context(), gpu, rule, party(by, c.taskID(by)), victims, time.Now(), nil)
 	}
 	return len(victims)
 }

@@ -241,3 +241,6 @@ func addSat(a, b uint64) uint64 {
 	}
 	return a + b
 }
+
+// Rule names the share rule in preemption records (their rule field).
+const Rule = "over its GPU memory share: preempt"
