@@ -3,6 +3,8 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -311,7 +313,7 @@ func (d *Daemon) fenceShares(byGPU map[int][]sharing.Share) {
 			}
 		}
 	}
-	d.gate.FenceShares(want)
+	d.gate.FenceShares(slices.Collect(maps.Keys(byGPU)), want)
 }
 
 // registryChanged is the registry's change hook: the gate's class of the

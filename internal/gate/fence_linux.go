@@ -9,19 +9,33 @@ import (
 )
 
 // fences is what the gate was told of sharing pods: the GPUs each pod's
-// cgroup may open.
+// cgroup may open, and which GPUs are shared.
 type fences struct {
-	mu  sync.Mutex
-	set map[uint64]bpf.GPUSet
+	mu     sync.Mutex
+	set    map[uint64]bpf.GPUSet
+	shared map[int]bool
 }
 
-// FenceShares makes the kernel's share fence want: each cgroup (a pod's
-// with GPU memory shares) may open only the GPUs listed for it, while the
-// gate enforces; a cgroup not in want is not fenced. Only the changes
-// reach the kernel.
-func (c *Controller) FenceShares(want map[uint64][]int) {
+// shared reports whether gpu is shared by memory (it has DRA shares): the
+// rule table does not apply to it, the share rule does. In the kernel, a
+// sharing pod opening its share's GPU skips the table too.
+func (c *Controller) shared(gpu int) bool {
 	c.fences.mu.Lock()
 	defer c.fences.mu.Unlock()
+	return c.fences.shared[gpu]
+}
+
+// FenceShares records the shared GPUs and makes the kernel's share fence
+// want: each cgroup (a pod's with GPU memory shares) may open only the
+// GPUs listed for it, while the gate enforces; a cgroup not in want is not
+// fenced. Only the changes reach the kernel.
+func (c *Controller) FenceShares(shared []int, want map[uint64][]int) {
+	c.fences.mu.Lock()
+	defer c.fences.mu.Unlock()
+	c.fences.shared = map[int]bool{}
+	for _, g := range shared {
+		c.fences.shared[g] = true
+	}
 	if c.fences.set == nil {
 		c.fences.set = map[uint64]bpf.GPUSet{}
 	}

@@ -350,6 +350,9 @@ func (c *Controller) Opened(info occupancy.ProcInfo, gpu int, ev *bpf.Event) {
 	}
 	c.mu.Unlock()
 
+	if c.shared(gpu) {
+		return // shared by memory: the share rule judges its holders, not the table
+	}
 	counts := c.Ledger.Counts()[gpu]
 	switch info.Priority {
 	case occupancy.High:
@@ -414,6 +417,11 @@ func (c *Controller) Sync() {
 		if Holding(n, c.loans != nil && c.loans.IsLent(gpu)).High {
 			p.High = n.High
 		}
+		if c.shared(gpu) {
+			// Shared by memory (DRA): its pods are there together whatever
+			// their class; the share rule, not the table, preempts.
+			p = bpf.GPUPolicy{}
+		}
 		if r, ok := c.reserved[gpu]; ok {
 			p.ReservedCgroup, p.ReservedUntil = r.cgroupID, c.until[gpu]
 		}
@@ -474,7 +482,7 @@ func (c *Controller) Rejudge(why string) int {
 	}
 	n := 0
 	for gpu, counts := range c.Ledger.Counts() {
-		if counts.Low == 0 || !Holding(counts, c.lent(gpu)).High {
+		if counts.Low == 0 || !Holding(counts, c.lent(gpu)).High || c.shared(gpu) {
 			continue
 		}
 		var by occupancy.ProcInfo
