@@ -87,6 +87,8 @@ func TestShareOverIsWarnedThenPreemptedForAPodWithinItsShare(t *testing.T) {
 	high := e.sharePod("high", occupancy.High)
 	book.Set("claim-"+low.uid, []sharing.Share{low.claim(e, 0, 4<<30)})
 	book.Set("claim-"+high.uid, []sharing.Share{high.claim(e, 0, 8<<30)})
+	// The DRA driver prepares claims before their pods' containers start.
+	testutil.Eventually(t, 10*time.Second, "GPU 0 shared", func() bool { return len(e.d.State().GPUs[0].Shares) == 2 })
 	low.h.doInt("open %s", e.gpus[0].Path)
 	high.h.doInt("open %s", e.gpus[0].Path)
 	double.SetProcesses(t,
@@ -164,6 +166,10 @@ func TestShareOverIsWarnedThenPreemptedForAPodWithinItsShare(t *testing.T) {
 	// the high one is reported, never chosen.
 	other := e.sharePod("other", occupancy.Low)
 	book.Set("claim-"+other.uid, []sharing.Share{other.claim(e, 0, 2<<30)})
+	testutil.Eventually(t, 10*time.Second, "the new share known", func() bool {
+		_, ok := shareOf(e.d.State().GPUs[0], other.uid)
+		return ok
+	})
 	other.h.doInt("open %s", e.gpus[0].Path)
 	double.SetProcesses(t, testutil.NVMLProcess{GPU: nvmlIndex[0], PID: high.h.pid(), Memory: 10 << 30})
 	double.Update(t, nvmlIndex[0], func(g *testutil.NVMLGPU) { g.MemoryUsed = 16 << 30 })
