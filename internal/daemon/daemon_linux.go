@@ -82,7 +82,7 @@ type Daemon struct {
 	lender   *lending.Lender
 	plugin   *deviceplugin.Plugin
 	sources  workload.Listings
-	shares   *shares // nil without a share book
+	shares   *shares                 // nil without a share book
 	runners  []func(context.Context) // the optional parts that run until gpud stops
 
 	metrics                                          *metrics.Metrics
