@@ -154,7 +154,7 @@ func TestShareOverIsWarnedThenPreemptedForAPodWithinItsShare(t *testing.T) {
 	if dead(high.h.pid()) {
 		t.Fatal("the high pod was killed")
 	}
-	f = testutil.WaitStateFile(t, e.cfg.StateFile, 10*time.Second, func(f *v1.StateFile) bool {
+	testutil.WaitStateFile(t, e.cfg.StateFile, 10*time.Second, func(f *v1.StateFile) bool {
 		s, ok := shareOf(f.GPUs[0], low.uid)
 		return ok && s.Preempted
 	})
