@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"reflect"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -87,6 +88,16 @@ func (d *Daemon) judgeShares(ctx context.Context) {
 		byGPU[sh.GPU] = append(byGPU[sh.GPU], sh)
 	}
 	d.fenceShares(byGPU)
+	if len(byGPU) == 0 {
+		s.mu.Lock()
+		had := len(s.last) > 0
+		s.last, s.holders, s.over, s.conflicts = map[int]sharing.Judgement{}, map[int][]occupancy.ProcInfo{}, map[overKey]bool{}, map[int]map[int]bool{}
+		s.mu.Unlock()
+		if had {
+			d.writer.Kick()
+		}
+		return // nothing shared: no snapshot of the ledger every second
+	}
 	snap := d.ledger.Snapshot(time.Now())
 	last := map[int]sharing.Judgement{}
 	holders := map[int][]occupancy.ProcInfo{}
@@ -113,6 +124,8 @@ func (d *Daemon) judgeShares(ctx context.Context) {
 		decisions = append(decisions, shareDecision{gpu: g.Index, j: j})
 	}
 	s.mu.Lock()
+	// The state file is rewritten when a verdict changed, not every second.
+	changed := !reflect.DeepEqual(s.last, last)
 	s.last, s.holders = last, holders
 	warn, conflicts := s.transitions(last)
 	s.mu.Unlock()
@@ -124,9 +137,13 @@ func (d *Daemon) judgeShares(ctx context.Context) {
 			"gpu", c.gpu, "pid", c.proc.PID, "pod_uid", c.proc.PodUID, "memory_bytes", c.proc.Memory)
 	}
 	for _, dc := range decisions {
-		d.preemptForShares(dc.gpu, dc.j, holders[dc.gpu])
+		if d.preemptForShares(dc.gpu, dc.j, holders[dc.gpu]) {
+			changed = true
+		}
 	}
-	d.writer.Kick()
+	if changed {
+		d.writer.Kick()
+	}
 }
 
 type shareDecision struct {
@@ -198,9 +215,10 @@ func (d *Daemon) warnOver(gpu int, w overWarning) {
 // preemptForShares preempts the pods the rule chose on gpu: their
 // low-priority holders, through the gate's executor (kill or freeze, the
 // journal, the reclaim), for a pod within its share that needs memory.
-func (d *Daemon) preemptForShares(gpu int, j sharing.Judgement, holders []occupancy.ProcInfo) {
+// It reports whether it preempted anyone.
+func (d *Daemon) preemptForShares(gpu int, j sharing.Judgement, holders []occupancy.ProcInfo) (acted bool) {
 	if len(j.Preempt) == 0 {
-		return
+		return false
 	}
 	// The preemptor, for the record: a holder of a share within its
 	// share, preferring high priority.
@@ -223,6 +241,7 @@ func (d *Daemon) preemptForShares(gpu int, j sharing.Judgement, holders []occupa
 			}
 		}
 		if n := d.gate.PreemptForRule(gpu, by, victims, sharing.Rule, fmt.Sprintf("over its GPU memory share on GPU %d", gpu)); n > 0 {
+			acted = true
 			d.shares.preemptions.Add(1)
 			d.shares.mu.Lock()
 			d.shares.preempted[uid] = true
@@ -231,6 +250,7 @@ func (d *Daemon) preemptForShares(gpu int, j sharing.Judgement, holders []occupa
 				"gpu", gpu, "pod_uid", uid, "processes", n, "need_bytes", j.Need, "free_bytes", j.Free, "for_pod_uid", by.PodUID)
 		}
 	}
+	return acted
 }
 
 func podIn(pods []sharing.PodRef, uid string) bool {
