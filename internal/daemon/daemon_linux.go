@@ -545,6 +545,9 @@ func (d *Daemon) setupLending(proc *occupancy.ProcFS) {
 	d.lender.Log, d.lender.ProcInfo = d.log, proc.Info
 	d.lender.CDI = &lending.CDISpecs{Dirs: cfg.CDISpecDirs}
 	d.lender.Suspended = d.executor.SuspendedPod
+	if d.cfg.Shares != nil {
+		d.lender.Shared = func(gpu int) bool { return len(d.cfg.Shares.OnGPU(gpu)) > 0 }
+	}
 	d.lender.Changed = func() {
 		d.gate.Reclassified("loans changed")
 		d.writer.Kick()

@@ -95,6 +95,9 @@ func (d *Daemon) judgeShares(ctx context.Context) {
 		s.mu.Unlock()
 		if had {
 			d.writer.Kick()
+			if d.lender != nil {
+				d.lender.LedgerChanged()
+			}
 		}
 		return // nothing shared: no snapshot of the ledger every second
 	}
@@ -143,6 +146,9 @@ func (d *Daemon) judgeShares(ctx context.Context) {
 	}
 	if changed {
 		d.writer.Kick()
+		if d.lender != nil {
+			d.lender.LedgerChanged() // a GPU shared or no longer: lendable or not
+		}
 	}
 }
 

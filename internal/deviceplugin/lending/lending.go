@@ -116,6 +116,9 @@ type Lender struct {
 	// keeps it frozen (the executor's SuspendedPod): a borrower suspended
 	// at a take-back is lent its GPU again when the owner idles (Relend).
 	Suspended func(podUID string) bool
+	// Shared, when set, reports whether a GPU is shared by memory (DRA
+	// claims): such a GPU is never lent whole.
+	Shared func(gpu int) bool
 	Log       *slog.Logger
 
 	kick      chan struct{}
@@ -215,6 +218,8 @@ func (l *Lender) lendable(g occupancy.GPUView) bool { return l.notLendable(g) ==
 // notLendable says why a GPU may not be lent now; "" when it may.
 func (l *Lender) notLendable(g occupancy.GPUView) string {
 	switch {
+	case l.Shared != nil && l.Shared(g.Index):
+		return "shared by memory (DRA claims): never lent whole"
 	case g.Health.Unhealthy:
 		return "unhealthy: " + g.Health.Reason
 	case l.cfg.MinFreeMemory > 0 && g.Memory != nil && g.Memory.Free() < l.cfg.MinFreeMemory:
