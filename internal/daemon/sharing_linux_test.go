@@ -3,8 +3,6 @@
 package daemon_test
 
 import (
-	"os"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -56,15 +54,7 @@ func (p *sharePod) claim(e *env, gpu int, bytes uint64) sharing.Share {
 }
 
 // dead: the process has exited (a zombie of the test, or gone).
-func dead(pid int) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return true
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	return i > 0 && len(s) > i+2 && s[i+2] == 'Z'
-}
+func dead(pid int) bool { return !testutil.Alive(pid) }
 
 func shareOf(g v1.StateGPU, podUID string) (v1.StateShare, bool) {
 	for _, s := range g.Shares {
