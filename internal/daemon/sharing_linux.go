@@ -72,7 +72,7 @@ func (d *Daemon) runShares(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-d.shares.kick:
-			d.judgeShares(ctx)
+			d.judgeShares()
 		}
 	}
 }
@@ -81,7 +81,7 @@ func (d *Daemon) runShares(ctx context.Context) {
 // warns of pods going over their share, logs holders outside every share,
 // preempts what the rule chose through the executor, and keeps the verdict
 // for the state file and metrics.
-func (d *Daemon) judgeShares(ctx context.Context) {
+func (d *Daemon) judgeShares() {
 	s := d.shares
 	byGPU := map[int][]sharing.Share{}
 	for _, sh := range s.book.Shares() {
@@ -140,7 +140,10 @@ func (d *Daemon) judgeShares(ctx context.Context) {
 			"gpu", c.gpu, "pid", c.proc.PID, "pod_uid", c.proc.PodUID, "memory_bytes", c.proc.Memory)
 	}
 	for _, dc := range decisions {
-		if d.preemptForShares(dc.gpu, dc.j, holders[dc.gpu]) {
+		// As the open rules: nothing is preempted under --enforce=false or
+		// with monitoring off; the warnings and the state still say who is
+		// over.
+		if d.enforcing() && d.preemptForShares(dc.gpu, dc.j, holders[dc.gpu]) {
 			changed = true
 		}
 	}
