@@ -212,3 +212,28 @@ func TestSharePodFencedToItsGPUs(t *testing.T) {
 		return tryOpen(p.h, e.gpus[1].Path) == "ok"
 	})
 }
+
+// Under --enforce=false the share rule warns and shows, and preempts
+// nobody, as the open rules.
+func TestShareNotEnforcedPreemptsNobody(t *testing.T) {
+	e, double, book := sharingEnv(t)
+	e.cfg.Enforce = false
+	e.start()
+	low := e.sharePod("low", occupancy.Low)
+	high := e.sharePod("high", occupancy.High)
+	book.Set("claim-"+low.uid, []sharing.Share{low.claim(e, 0, 4<<30)})
+	book.Set("claim-"+high.uid, []sharing.Share{high.claim(e, 0, 8<<30)})
+	testutil.Eventually(t, 10*time.Second, "GPU 0 shared", func() bool { return len(e.d.State().GPUs[0].Shares) == 2 })
+	low.h.doInt("open %s", e.gpus[0].Path)
+	high.h.doInt("open %s", e.gpus[0].Path)
+	double.SetProcesses(t, testutil.NVMLProcess{GPU: nvmlIndex[0], PID: low.h.pid(), Memory: 6 << 30})
+	double.Update(t, nvmlIndex[0], func(g *testutil.NVMLGPU) { g.MemoryUsed = 14 << 30 }) // 2 GiB free, 8 owed
+	testutil.WaitStateFile(t, e.cfg.StateFile, 10*time.Second, func(f *v1.StateFile) bool {
+		s, ok := shareOf(f.GPUs[0], low.uid)
+		return ok && s.Over
+	})
+	time.Sleep(2 * time.Second) // two judgements or more
+	if dead(low.h.pid()) || len(records(e, preempt.ActionKill)) != 0 {
+		t.Fatal("a pod over its share was preempted with enforcement off")
+	}
+}
