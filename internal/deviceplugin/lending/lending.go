@@ -119,7 +119,7 @@ type Lender struct {
 	// Shared, when set, reports whether a GPU is shared by memory (DRA
 	// claims): such a GPU is never lent whole.
 	Shared func(gpu int) bool
-	Log       *slog.Logger
+	Log    *slog.Logger
 
 	kick      chan struct{}
 	refreshMu sync.Mutex // one refresh at a time (run's ticker, and after Allocate)
