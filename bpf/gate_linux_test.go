@@ -215,3 +215,60 @@ func TestGateExpectedCgroup(t *testing.T) {
 		t.Error("ExpectCgroup with class 7: no error")
 	}
 }
+
+// The share fence: a pod fenced to GPU 1 opens GPU 1, even while high
+// priority holds it (the share rule, not the table, judges it there), and
+// is refused GPU 0; an unfenced low pod still gets the table; the fence
+// lifted, the pod is the table's again. Enforcement off, nothing is fenced.
+func TestGateShareFence(t *testing.T) {
+	_, gpus := testutil.MakeFakeGPUs(t, 2)
+	m := loadMonitor(t, gpus)
+	if err := m.Register(uint32(os.Getpid()), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.SetEnforcing(true, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	m.Heartbeat()
+	podDir, podID := cgroupDir(t, "", "sharepod")
+	ctr, _ := cgroupDir(t, podDir, "ctr")
+	otherDir, otherID := cgroupDir(t, "", "wholepod")
+	m.SetCgroupPriority(podID, bpf.PrioLow)
+	m.SetCgroupPriority(otherID, bpf.PrioLow)
+	m.SetGPUPolicy(0, bpf.GPUPolicy{}, bpf.MonotonicNow())
+	m.SetGPUPolicy(1, bpf.GPUPolicy{High: 1}, bpf.MonotonicNow())
+	var set bpf.GPUSet
+	set.Add(1)
+	if err := m.FenceCgroup(podID, set, 1); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, dir, path string
+		denied          bool
+	}{
+		{"fenced pod, its share's GPU (high-held)", ctr, gpus[1].Path, false},
+		{"fenced pod, another GPU (free)", ctr, gpus[0].Path, true},
+		{"unfenced low pod, high-held GPU", otherDir, gpus[1].Path, true},
+		{"unfenced low pod, free GPU", otherDir, gpus[0].Path, false},
+		{"fenced pod, a non-GPU device", ctr, "/dev/null", false},
+	} {
+		got := openFrom(t, tc.dir, tc.path)
+		if denied := strings.Contains(got, "not permitted"); denied != tc.denied || (!denied && got != "opened") {
+			t.Errorf("%s: %q, want denied=%v", tc.name, got, tc.denied)
+		}
+	}
+	m.SetEnforcing(false, 30*time.Second)
+	if got := openFrom(t, ctr, gpus[0].Path); got != "opened" {
+		t.Errorf("enforcement off, fenced pod, another GPU: %q, want allowed", got)
+	}
+	m.SetEnforcing(true, 30*time.Second)
+	if err := m.UnfenceCgroup(podID, 0); err != nil {
+		t.Fatal(err)
+	}
+	if got := openFrom(t, ctr, gpus[0].Path); got != "opened" {
+		t.Errorf("fence lifted, free GPU: %q", got)
+	}
+	if got := openFrom(t, ctr, gpus[1].Path); !strings.Contains(got, "not permitted") {
+		t.Errorf("fence lifted, high-held GPU: %q, want the table's refusal", got)
+	}
+}

@@ -122,6 +122,23 @@ struct {
 	__type(value, __u64);
 } gpu_confirmed SEC(".maps");
 
+// The GPUs a pod with GPU memory shares (gpud's DRA claims) may open, by
+// the pod's cgroup: a bit per GPU index. A cgroup with no fenced ancestor
+// is not fenced (default-allow); share_fences is how many entries user
+// space keeps here, so that the gate skips the walk while nothing is shared.
+struct gpu_set {
+	__u64 bits[MAX_GPUS / 64];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64); // cgroup v2 id (a pod's)
+	__type(value, struct gpu_set);
+} share_fence SEC(".maps");
+
+volatile __u32 share_fences = 0;
+
 // When a refusal of (cgroup, GPU) was last reported: a process retrying a
 // refused open in a loop must not flood the ring buffer and delay the
 // events gpud needs (one report per workload per interval is enough for
@@ -256,6 +273,25 @@ static __always_inline __u32 classify(__u64 reserved, int *reserved_ok, __u64 *m
 	return prio;
 }
 
+#define FENCE_NONE 0 // the opener's pod has no GPU memory share
+#define FENCE_IN 1   // ... has a share of this GPU: the share rule judges it, not the table
+#define FENCE_OUT 2  // ... has shares, none of this GPU: refused
+
+static __always_inline int share_fence_of(__u32 gpu)
+{
+	if (gpu >= MAX_GPUS)
+		return FENCE_NONE;
+	for (int level = 1; level < MAX_CGROUP_DEPTH; level++) {
+		__u64 id = bpf_get_current_ancestor_cgroup_id(level);
+		if (id == 0)
+			break;
+		struct gpu_set *set = bpf_map_lookup_elem(&share_fence, &id);
+		if (set)
+			return (set->bits[(gpu / 64) & (MAX_GPUS / 64 - 1)] & (1ULL << (gpu % 64))) ? FENCE_IN : FENCE_OUT;
+	}
+	return FENCE_NONE;
+}
+
 // gate_event reports a verdict with the classified cgroup that decided it
 // (a pod's or a container's), which names the workload even when the
 // opener exits before user space can read /proc.
@@ -283,10 +319,13 @@ int gpud_gate(struct bpf_cgroup_dev_ctx *ctx)
 
 	__u64 now = bpf_ktime_get_ns();
 	if (enforcing && now - heartbeat_ns < fail_open_after_ns) {
+		int fence = share_fences ? share_fence_of(gpu) : FENCE_NONE;
+		if (fence == FENCE_OUT)
+			return 0; // EPERM: a sharing pod opens a GPU it has no share of
 		struct gpu_pol *pol = bpf_map_lookup_elem(&gpu_policy, &rdev);
 		__u64 *hmark = bpf_map_lookup_elem(&gpu_high_mark, &rdev);
 		__u64 *conf = bpf_map_lookup_elem(&gpu_confirmed, &rdev);
-		if (pol && hmark && conf) {
+		if (fence == FENCE_NONE && pol && hmark && conf) {
 			int reserved_ok = 0;
 			__u64 matched = 0;
 			__u64 reserved = now < pol->reserved_until_ns ? pol->reserved_cgroup : 0;

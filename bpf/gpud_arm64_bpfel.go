@@ -46,6 +46,11 @@ type gpudGpuPol struct {
 	ReservedUntilNs uint64
 }
 
+type gpudGpuSet struct {
+	_    structs.HostLayout
+	Bits [4]uint64
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -61,6 +66,7 @@ const (
 	gpudMapHolders         = "holders"
 	gpudMapPending         = "pending"
 	gpudMapRecvMsgs        = "recv_msgs"
+	gpudMapShareFence      = "share_fence"
 	gpudProgGpudGate       = "gpud_gate"
 	gpudProgOnCgroupMkdir  = "on_cgroup_mkdir"
 	gpudProgOnCgroupRmdir  = "on_cgroup_rmdir"
@@ -78,6 +84,7 @@ const (
 	gpudVarMonitoring      = "monitoring"
 	gpudVarPendingMarks    = "pending_marks"
 	gpudVarScmArmedUntil   = "scm_armed_until"
+	gpudVarShareFences     = "share_fences"
 	gpudVarUnusedEvent     = "unused_event"
 )
 
@@ -148,6 +155,7 @@ type gpudMapSpecs struct {
 	Holders      *ebpf.MapSpec `ebpf:"holders"`
 	Pending      *ebpf.MapSpec `ebpf:"pending"`
 	RecvMsgs     *ebpf.MapSpec `ebpf:"recv_msgs"`
+	ShareFence   *ebpf.MapSpec `ebpf:"share_fence"`
 }
 
 // gpudVariableSpecs contains global variables before they are loaded into the kernel.
@@ -163,6 +171,7 @@ type gpudVariableSpecs struct {
 	Monitoring      *ebpf.VariableSpec `ebpf:"monitoring"`
 	PendingMarks    *ebpf.VariableSpec `ebpf:"pending_marks"`
 	ScmArmedUntil   *ebpf.VariableSpec `ebpf:"scm_armed_until"`
+	ShareFences     *ebpf.VariableSpec `ebpf:"share_fences"`
 	UnusedEvent     *ebpf.VariableSpec `ebpf:"unused_event"`
 }
 
@@ -197,6 +206,7 @@ type gpudMaps struct {
 	Holders      *ebpf.Map `ebpf:"holders"`
 	Pending      *ebpf.Map `ebpf:"pending"`
 	RecvMsgs     *ebpf.Map `ebpf:"recv_msgs"`
+	ShareFence   *ebpf.Map `ebpf:"share_fence"`
 }
 
 func (m *gpudMaps) Close() error {
@@ -212,6 +222,7 @@ func (m *gpudMaps) Close() error {
 		m.Holders,
 		m.Pending,
 		m.RecvMsgs,
+		m.ShareFence,
 	)
 }
 
@@ -228,6 +239,7 @@ type gpudVariables struct {
 	Monitoring      *ebpf.Variable `ebpf:"monitoring"`
 	PendingMarks    *ebpf.Variable `ebpf:"pending_marks"`
 	ScmArmedUntil   *ebpf.Variable `ebpf:"scm_armed_until"`
+	ShareFences     *ebpf.Variable `ebpf:"share_fences"`
 	UnusedEvent     *ebpf.Variable `ebpf:"unused_event"`
 }
 

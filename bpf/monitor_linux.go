@@ -459,6 +459,46 @@ func (m *Monitor) ForgetCgroup(cgroupID uint64) error {
 	return nil
 }
 
+// GPUSet is a set of GPU indexes (N of /dev/nvidiaN, below MaxGPUs), as
+// the gate's share fence keeps it: a bit per GPU.
+type GPUSet [maxGPUs / 64]uint64
+
+// maxGPUs is MAX_GPUS of gpud.h: the GPU indexes a GPUSet holds.
+const maxGPUs = 256
+
+// Add puts gpu in the set; an index past the set's size is left out (and
+// the gate never fences a GPU it cannot name).
+func (s *GPUSet) Add(gpu int) {
+	if gpu >= 0 && gpu < maxGPUs {
+		s[gpu/64] |= 1 << (gpu % 64)
+	}
+}
+
+// FenceCgroup lets the processes of cgroupID (a pod's: the gate walks
+// ancestors) open only the GPUs in gpus while the gate enforces; fenced is
+// how many cgroups are fenced after this one (the gate skips its walk at 0).
+func (m *Monitor) FenceCgroup(cgroupID uint64, gpus GPUSet, fenced int) error {
+	if err := m.objs.ShareFence.Put(cgroupID, gpus); err != nil {
+		return fmt.Errorf("bpf: fencing cgroup %d to its shared GPUs: %w", cgroupID, err)
+	}
+	return m.setShareFences(fenced)
+}
+
+// UnfenceCgroup lifts cgroupID's fence; fenced is how many are left.
+func (m *Monitor) UnfenceCgroup(cgroupID uint64, fenced int) error {
+	if err := m.objs.ShareFence.Delete(cgroupID); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("bpf: lifting cgroup %d's share fence: %w", cgroupID, err)
+	}
+	return m.setShareFences(fenced)
+}
+
+func (m *Monitor) setShareFences(n int) error {
+	if err := m.objs.ShareFences.Set(uint32(max(n, 0))); err != nil {
+		return fmt.Errorf("bpf: counting share fences: %w", err)
+	}
+	return nil
+}
+
 // CgroupNameMax is the longest cgroup leaf name ExpectCgroup takes (the
 // kernel map's key is CGROUP_NAME_LEN bytes, NUL included, and a name
 // filling it could be a longer one cut short).

@@ -145,6 +145,44 @@ type StateGPU struct {
 	// holders active, ...). Absent without lending.
 	Lendable    *bool  `json:"lendable,omitempty"`
 	NotLendable string `json:"not_lendable,omitempty"`
+	// Shared: DRA claims were given parts of this GPU's memory (gpud's
+	// DRA driver); Shares are those parts, one per claim and pod, with
+	// what the pod uses. Absent when the GPU is not shared.
+	Shared bool         `json:"shared,omitempty"`
+	Shares []StateShare `json:"shares,omitempty"`
+	// ShareConflicts are holders of a shared GPU that belong to no share:
+	// a whole-GPU owner another device plugin gave the GPU, or a host
+	// process. Shown and logged, never preempted by the share rule.
+	ShareConflicts []StateShareConflict `json:"share_conflicts,omitempty"`
+}
+
+// StateShare is one claim's share of a GPU's memory, for one of the pods
+// the claim is reserved for.
+type StateShare struct {
+	ClaimNamespace string   `json:"claim_namespace"`
+	ClaimName      string   `json:"claim_name"`
+	Request        string   `json:"request,omitempty"` // the claim's request this share answers
+	PodNamespace   string   `json:"pod_namespace"`
+	PodName        string   `json:"pod_name"`
+	PodUID         string   `json:"pod_uid"`
+	Priority       Priority `json:"priority,omitempty"` // its pod's processes' class; absent while none holds the GPU
+	// RequestedBytes is what the claim was given; UsedBytes what its pods'
+	// processes use on the GPU (NVML). A pod named by several claims on
+	// one GPU is judged against their sum, shown on each.
+	RequestedBytes uint64 `json:"requested_bytes"`
+	UsedBytes      uint64 `json:"used_bytes"`
+	Over           bool   `json:"over,omitempty"` // used > requested
+	// Preempted: the share rule preempted the pod (it was low priority,
+	// over its share, and a pod within its share needed the memory).
+	Preempted bool `json:"preempted,omitempty"`
+}
+
+// StateShareConflict is a holder of a shared GPU in no share.
+type StateShareConflict struct {
+	PID         int     `json:"pid"`
+	PodUID      string  `json:"pod_uid,omitempty"`
+	ContainerID string  `json:"container_id,omitempty"`
+	MemoryBytes *uint64 `json:"memory_bytes,omitempty"`
 }
 
 // StateHolder is one process holding a GPU.

@@ -49,6 +49,10 @@ type Config struct {
 	// HTTPLimits bound the metrics port and the control socket (connection
 	// cap, timeouts); zero fields take httpserve's defaults.
 	HTTPLimits httpserve.Limits
+	// Shares is the book of GPU memory shares gpud's DRA driver prepared
+	// (nil: no sharing): the shared GPUs are judged against it on every
+	// NVML sample and every change, and its pods are fenced to their GPUs.
+	Shares *sharing.Book
 }
 
 // Daemon is a running gpud.
@@ -79,10 +83,10 @@ type Daemon struct {
 	events   *kube.Events
 	lender   *lending.Lender
 	kube     kubernetes.Interface // nil without an API server
-	shares   *sharing.Book        // nil without DRA
-	dra      *dra.Driver
+	dra      *dra.Driver          // nil without DRA
 	plugin   *deviceplugin.Plugin
 	sources  workload.Listings
+	shares   *shares                 // nil without a share book
 	runners  []func(context.Context) // the optional parts that run until gpud stops
 
 	metrics                                          *metrics.Metrics
@@ -155,6 +159,17 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	}
 	d.gate.Identify, d.gate.Wall = d.tracker.Identify, d.tracker.Wall
 	d.registry.OnChange = d.gate.ClassChanged
+	if cfg.DRA {
+		// The DRA driver fills the share book the share rule judges.
+		if err := d.setupDRA(); err != nil {
+			d.mon.Close()
+			return nil, err
+		}
+	}
+	d.setupShares()
+	if d.shares != nil {
+		d.registry.OnChange = d.registryChanged
+	}
 	d.registry.OnExpect = (&gate.Expectations{Kernel: d.mon, Log: log}).Set
 	if err := d.mon.MkdirHook(); err != nil {
 		log.Warn("cgroups are not classified as they are made: a workload's opens before gpud finds its cgroup are judged after the fact", "error", err)
@@ -168,12 +183,6 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	d.journal.OnFlushed(d.writer.Kick)
 	if cfg.DevicePlugin {
 		d.setupLending(proc)
-	}
-	if cfg.DRA {
-		if err := d.setupDRA(); err != nil {
-			d.mon.Close()
-			return nil, err
-		}
 	}
 	d.ledger.OnChange(d.ledgerChanged)
 	// Attached first, scanned second: whatever changes during the scan is
@@ -248,6 +257,7 @@ func (d *Daemon) decorate(f *v1.StateFile) {
 	if d.dra != nil {
 		d.decorateDRA(f)
 	}
+	d.decorateShares(f)
 }
 
 // enforcing: the gate applies the rules now; monitoring off turns them off
@@ -438,6 +448,7 @@ func (d *Daemon) periodic(ctx context.Context) {
 			d.ledger.Refresh(now)
 			d.ledger.RefreshComms(d.tracker.Proc.Comm)
 			d.gate.Sync()
+			d.kickShares() // after the sample: the memory it judges
 			if d.cfg.ResyncInterval > 0 && now.Sub(lastResync) >= d.cfg.ResyncInterval && d.monitoring.Load() {
 				lastResync = now
 				if err := d.tracker.Resync(); err != nil {
@@ -545,14 +556,17 @@ func (d *Daemon) setupLending(proc *occupancy.ProcFS) {
 		Resource: cfg.ResourceName, OwnerResource: cfg.OwnerResource, LendFree: cfg.LendFree,
 		DevDir: cfg.DevDir, HostDevDir: cfg.HostDevDir, CDIKind: cfg.CDIKind, GPUs: d.gpus,
 		MinFreeMemory: cfg.LendMinFreeMemory,
-		Shared: func(gpu int) bool {
-			// Set before the lender runs: setupDRA follows setupLending.
-			return d.dra != nil && d.dra.Offers(gpu)
-		},
 	}, d.ledger, d.registry, d.gate, lending.Socket(cfg.PodResourcesSocket))
 	d.lender.Log, d.lender.ProcInfo = d.log, proc.Info
 	d.lender.CDI = &lending.CDISpecs{Dirs: cfg.CDISpecDirs}
 	d.lender.Suspended = d.executor.SuspendedPod
+	if d.cfg.Shares != nil {
+		// A GPU with shares, or one the DRA driver offers for sharing, is
+		// never lent whole.
+		d.lender.Shared = func(gpu int) bool {
+			return len(d.cfg.Shares.OnGPU(gpu)) > 0 || (d.dra != nil && d.dra.Offers(gpu))
+		}
+	}
 	d.lender.Changed = func() {
 		d.gate.Reclassified("loans changed")
 		d.writer.Kick()

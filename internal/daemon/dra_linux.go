@@ -31,23 +31,20 @@ func (d *Daemon) setupDRA() error {
 		d.log.Warn("DRA is on but NVML is not loaded (no UUIDs, no memory): no GPU is shared by memory")
 		return nil
 	}
-	d.shares = sharing.NewBook()
+	if d.cfg.Shares == nil {
+		d.cfg.Shares = sharing.NewBook()
+	}
 	drv, err := dra.New(dra.Config{
 		NodeName: cfg.NodeName, Client: d.kube,
 		PluginDir: cfg.DRAPluginDir, RegistryDir: cfg.DRARegistryDir, CDIDir: cfg.DRACDIDir, StateDir: cfg.StateDir,
 		Reserve: cfg.DRAMemoryReserve, Min: cfg.DRAMemoryMin, Step: cfg.DRAMemoryStep, Default: cfg.DRAMemoryDefault,
 		NVIDIACDI: (&lending.CDISpecs{Dirs: cfg.CDISpecDirs}).Has, NVIDIAKind: cfg.CDIKind,
-		GPUs: d.draGPUs, Book: d.shares, Log: d.log,
+		GPUs: d.draGPUs, Book: d.cfg.Shares, Log: d.log,
 	})
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	d.dra = drv
-	d.shares.OnChange(func() {
-		if d.writer != nil {
-			d.writer.Kick()
-		}
-	})
 	d.draMetrics(drv)
 	d.runners = append(d.runners, func(ctx context.Context) {
 		defer drv.Close()
@@ -59,7 +56,7 @@ func (d *Daemon) setupDRA() error {
 }
 
 // Shares is the share book; nil without DRA.
-func (d *Daemon) Shares() *sharing.Book { return d.shares }
+func (d *Daemon) Shares() *sharing.Book { return d.cfg.Shares }
 
 // DRA is the DRA driver; nil without it.
 func (d *Daemon) DRA() *dra.Driver { return d.dra }

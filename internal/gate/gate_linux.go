@@ -27,6 +27,8 @@ type Kernel interface {
 	SetGPUPolicy(gpu uint32, p bpf.GPUPolicy, confirmedMono uint64) error
 	SetCgroupPriority(cgroupID uint64, prio uint32) error
 	ForgetCgroup(cgroupID uint64) error
+	FenceCgroup(cgroupID uint64, gpus bpf.GPUSet, fenced int) error
+	UnfenceCgroup(cgroupID uint64, fenced int) error
 }
 
 // Loans is the lender as the gate sees it: a lent GPU's idle owner does
@@ -66,6 +68,7 @@ type Controller struct {
 	Rejudged atomic.Uint64 // holders preempted by Rejudge
 
 	judging atomic.Bool // Rejudge acts (Judge was called)
+	fences  fences      // sharing pods' GPUs, as the kernel has them
 
 	ctx   context.Context
 	loans Loans
@@ -217,6 +220,26 @@ func (c *Controller) Preempt(gpu int, by occupancy.ProcInfo, holders []occupancy
 	return len(victims)
 }
 
+// PreemptForRule preempts holders of gpu for by under a rule decided
+// outside the rule table (the GPU memory share rule: its name goes to the
+// records); only low-priority holders are ever taken, whatever the caller
+// passes. It returns how many were new.
+func (c *Controller) PreemptForRule(gpu int, by occupancy.ProcInfo, holders []occupancy.ProcInfo, rule, reason string) int {
+	var victims []preempt.Victim
+	for _, h := range holders {
+		if h.Priority != occupancy.Low || h.Agent {
+			continue
+		}
+		if v := c.victim(h, reason); !c.Exec.Handled(v) {
+			victims = append(victims, v)
+		}
+	}
+	if len(victims) > 0 {
+		c.Exec.Preempt(c.context(), gpu, rule, party(by, c.taskID(by)), victims, time.Now(), nil)
+	}
+	return len(victims)
+}
+
 func (c *Controller) preempt(gpu int, pre occupancy.ProcInfo, victims []preempt.Victim, decided time.Time) {
 	v := preempt.Decide(preempt.Holding{Low: true}, occupancy.High)
 	c.Exec.Preempt(c.context(), gpu, v.Rule, party(pre, c.taskID(pre)), victims, decided, nil)
@@ -327,6 +350,9 @@ func (c *Controller) Opened(info occupancy.ProcInfo, gpu int, ev *bpf.Event) {
 	}
 	c.mu.Unlock()
 
+	if c.shared(gpu) {
+		return // shared by memory: the share rule judges its holders, not the table
+	}
 	counts := c.Ledger.Counts()[gpu]
 	switch info.Priority {
 	case occupancy.High:
@@ -391,6 +417,11 @@ func (c *Controller) Sync() {
 		if Holding(n, c.loans != nil && c.loans.IsLent(gpu)).High {
 			p.High = n.High
 		}
+		if c.shared(gpu) {
+			// Shared by memory (DRA): its pods are there together whatever
+			// their class; the share rule, not the table, preempts.
+			p = bpf.GPUPolicy{}
+		}
 		if r, ok := c.reserved[gpu]; ok {
 			p.ReservedCgroup, p.ReservedUntil = r.cgroupID, c.until[gpu]
 		}
@@ -451,7 +482,7 @@ func (c *Controller) Rejudge(why string) int {
 	}
 	n := 0
 	for gpu, counts := range c.Ledger.Counts() {
-		if counts.Low == 0 || !Holding(counts, c.lent(gpu)).High {
+		if counts.Low == 0 || !Holding(counts, c.lent(gpu)).High || c.shared(gpu) {
 			continue
 		}
 		var by occupancy.ProcInfo

@@ -28,6 +28,30 @@ import (
 // Namespace prefixes every metric.
 const Namespace = "gpud"
 
+// sharesOf is a GPU's shares, one per pod and claim: a claim's requests
+// on one GPU add up (one series each, never two of the same labels); the
+// pod's use is the same on each.
+func sharesOf(in []v1.StateShare) []Share {
+	var out []Share
+	at := map[[3]string]int{}
+	for _, s := range in {
+		k := [3]string{s.PodNamespace, s.PodName, s.ClaimName}
+		if s.ClaimNamespace != s.PodNamespace {
+			k[2] = s.ClaimNamespace + "/" + s.ClaimName
+		}
+		i, ok := at[k]
+		if !ok {
+			at[k] = len(out)
+			out = append(out, Share{Namespace: k[0], Pod: k[1], Claim: k[2]})
+			i = len(out) - 1
+		}
+		out[i].RequestedBytes += s.RequestedBytes
+		out[i].UsedBytes = max(out[i].UsedBytes, s.UsedBytes)
+		out[i].Over = out[i].Over || s.Over
+	}
+	return out
+}
+
 // Verdicts of a GPU open and actions of a preemption record (label values).
 const (
 	VerdictAllow = "allow"
@@ -49,6 +73,15 @@ type GPU struct {
 	Healthy      *bool
 	HealthEvents uint64
 	Lendable     *bool // nil without lending
+	Shares       []Share
+}
+
+// Share is one claim's share of a GPU's memory, for one pod.
+type Share struct {
+	Namespace, Pod, Claim string // the pod's namespace and name, the claim's name
+	RequestedBytes        uint64
+	UsedBytes             uint64
+	Over                  bool
 }
 
 // Holder is one process holding a GPU, named by its workload.
@@ -78,6 +111,9 @@ type Snapshot struct {
 	// counts GPUs gpud does not manage, by reason.
 	NVML      bool
 	LeftAlone map[string]int
+	// ShareOvers counts pods going over their GPU memory share (each going
+	// over once); SharePreemptions the pods the share rule preempted.
+	ShareOvers, SharePreemptions uint64
 }
 
 // GPULabels are a GPU's labels, as dcgm-exporter names them.
@@ -131,6 +167,7 @@ type Metrics struct {
 	gpuEnforced                                       *prometheus.Desc
 	memTotal, memUsed, workloadMem, healthy, healthEv *prometheus.Desc
 	nvml, leftAlone, lendable                         *prometheus.Desc
+	shareBytes, shareOver, shareOvers, sharePreempts  *prometheus.Desc
 }
 
 func desc(name, help string, labels ...string) *prometheus.Desc {
@@ -184,6 +221,10 @@ func New(version string, src Source) *Metrics {
 		lendable:        desc("gpu_lendable", "1 while the GPU may be lent (idle, healthy, enough free memory); the state file's not_lendable says why not. Only with lending on.", "gpu", "UUID", "device"),
 		nvml:            desc("nvml_available", "1 while gpud reads NVML (activity from compute, memory, MIG, health); 0: activity from GPU opens only."),
 		leftAlone:       desc("gpus_left_alone", "GPUs gpud found and does not manage (neither gate nor lending), by reason.", "reason"),
+		shareBytes:      desc("gpu_memory_share_bytes", "A DRA claim's share of the GPU's memory for one of its pods: kind=requested is what the claim was given, kind=used what the pod's processes use (NVML).", "gpu", "UUID", "device", "namespace", "pod", "claim", "kind"),
+		shareOver:       desc("gpu_memory_share_over", "1 while the pod uses more of the GPU's memory than its claim's share.", "gpu", "UUID", "device", "namespace", "pod", "claim"),
+		shareOvers:      desc("gpu_memory_share_overs_total", "Pods that went over their GPU memory share (each going over counted once)."),
+		sharePreempts:   desc("gpu_memory_share_preemptions_total", "Pods the share rule preempted: low priority, over their share, while a pod within its share needed the memory."),
 		gpuEnforced:     desc("gpu_enforced", "1 while the kernel gate applies the priority rules to the GPU's opens; 0 under --enforce=false, with monitoring off, or when the gate cannot protect this GPU (see gpud's log).", "gpu", "UUID", "device"),
 	}
 	m.reg.MustRegister(m.opens, m.preemptions, m.latency, m.buildInfo, collector{m},
@@ -222,7 +263,8 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{m.gpuInfo, m.gpuState, m.idle, m.holders, m.workloadHolders,
 		m.events, m.dropped, m.resyncs, m.registered, m.regs, m.lent, m.malformed, m.monitoring, m.enforcing, m.gpuEnforced,
 		m.stateFailures, m.journalFailures, m.journalPending,
-		m.memTotal, m.memUsed, m.workloadMem, m.healthy, m.healthEv, m.nvml, m.leftAlone, m.lendable} {
+		m.memTotal, m.memUsed, m.workloadMem, m.healthy, m.healthEv, m.nvml, m.leftAlone, m.lendable,
+		m.shareBytes, m.shareOver, m.shareOvers, m.sharePreempts} {
 		ch <- d
 	}
 }
@@ -261,6 +303,11 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		if g.Healthy != nil {
 			gauge(m.healthy, b2f(*g.Healthy), l.GPU, l.UUID, l.Device)
 			counter(m.healthEv, g.HealthEvents, l.GPU, l.UUID, l.Device)
+		}
+		for _, sh := range g.Shares {
+			gauge(m.shareBytes, float64(sh.RequestedBytes), l.GPU, l.UUID, l.Device, sh.Namespace, sh.Pod, sh.Claim, "requested")
+			gauge(m.shareBytes, float64(sh.UsedBytes), l.GPU, l.UUID, l.Device, sh.Namespace, sh.Pod, sh.Claim, "used")
+			gauge(m.shareOver, b2f(sh.Over), l.GPU, l.UUID, l.Device, sh.Namespace, sh.Pod, sh.Claim)
 		}
 		byPrio := map[string]int{}
 		type wl struct{ ns, pod, ctr, prio string }
@@ -301,6 +348,8 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	counter(m.journalFailures, s.JournalWriteFailures)
 	gauge(m.journalPending, float64(s.JournalPending))
 	gauge(m.nvml, b2f(s.NVML))
+	counter(m.shareOvers, s.ShareOvers)
+	counter(m.sharePreempts, s.SharePreemptions)
 	for _, r := range slices.Sorted(maps.Keys(s.LeftAlone)) {
 		gauge(m.leftAlone, float64(s.LeftAlone[r]), r)
 	}
@@ -365,6 +414,7 @@ func GPUsOf(f v1.StateFile, now time.Time, names func(v1.StateHolder) (namespace
 			mh.Namespace, mh.Pod, mh.Container = names(h)
 			mg.Holders = append(mg.Holders, mh)
 		}
+		mg.Shares = sharesOf(g.Shares)
 		gpus = append(gpus, mg)
 	}
 	return gpus, lent

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	v1 "github.com/gpud/gpud/api/v1"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -129,6 +130,28 @@ func TestEndpoints(t *testing.T) {
 		cmd.Stdin = strings.NewReader(body)
 		if out, err := cmd.CombinedOutput(); err != nil || len(bytes.TrimSpace(out)) > 0 {
 			t.Errorf("promtool check metrics: %v\n%s", err, out)
+		}
+	}
+}
+
+// A claim with two requests on one GPU is one series per pod and claim
+// (their shares added), never two series with the same labels.
+func TestSharesOfOneSeriesPerPodAndClaim(t *testing.T) {
+	got := sharesOf([]v1.StateShare{
+		{ClaimNamespace: "ns", ClaimName: "c", Request: "a", PodNamespace: "ns", PodName: "p", RequestedBytes: 1 << 30, UsedBytes: 3 << 30, Over: true},
+		{ClaimNamespace: "ns", ClaimName: "c", Request: "b", PodNamespace: "ns", PodName: "p", RequestedBytes: 2 << 30, UsedBytes: 3 << 30, Over: true},
+		{ClaimNamespace: "other", ClaimName: "c", PodNamespace: "ns", PodName: "p", RequestedBytes: 4 << 30},
+	})
+	want := []Share{
+		{Namespace: "ns", Pod: "p", Claim: "c", RequestedBytes: 3 << 30, UsedBytes: 3 << 30, Over: true},
+		{Namespace: "ns", Pod: "p", Claim: "other/c", RequestedBytes: 4 << 30},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("shares %+v, want %+v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("share %d = %+v, want %+v", i, got[i], want[i])
 		}
 	}
 }

@@ -109,6 +109,9 @@ func renderTable(out io.Writer, f *v1.StateFile, now time.Time, wide bool) error
 	if err := renderLoans(&w, f.GPUs); err != nil {
 		return err
 	}
+	if err := renderShares(&w, f.GPUs, wide); err != nil {
+		return err
+	}
 	renderSuspended(&w, f.Suspended, now)
 	if err := renderPreemptions(&w, f.Preemptions, now); err != nil {
 		return err
@@ -232,6 +235,72 @@ func renderLoans(w io.Writer, gpus []v1.StateGPU) error {
 		fmt.Fprintf(tw, "%d\t%s\t%s\n", g.Index, trunc(orDash(g.Owner), 36), trunc(orDash(g.Borrower), 36))
 	}
 	return tw.Flush()
+}
+
+// renderShares lists the GPUs shared by memory (DRA claims): each pod's
+// share, what it uses, whether it is over; and the holders of a shared GPU
+// outside every share (a whole-GPU owner another device plugin placed).
+func renderShares(w io.Writer, gpus []v1.StateGPU, wide bool) error {
+	var shared []v1.StateGPU
+	for _, g := range gpus {
+		if g.Shared || len(g.Shares) > 0 || len(g.ShareConflicts) > 0 {
+			shared = append(shared, g)
+		}
+	}
+	if len(shared) == 0 {
+		return nil
+	}
+	cut := func(s string, n int) string {
+		if wide {
+			return printable(s)
+		}
+		return trunc(s, n)
+	}
+	fmt.Fprintf(w, "\nGPU MEMORY SHARES\n")
+	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
+	if wide {
+		fmt.Fprintln(tw, "GPU\tPOD\tPOD UID\tCLAIM\tPRIORITY\tSHARE\tUSED\tSTATUS")
+	} else {
+		fmt.Fprintln(tw, "GPU\tPOD\tCLAIM\tPRIORITY\tSHARE\tUSED\tSTATUS")
+	}
+	for _, g := range shared {
+		for _, s := range g.Shares {
+			status := "ok"
+			switch {
+			case s.Preempted:
+				status = "PREEMPTED"
+			case s.Over:
+				status = "OVER"
+			}
+			pod := s.PodNamespace + "/" + s.PodName
+			claim := s.ClaimName
+			if s.ClaimNamespace != s.PodNamespace {
+				claim = s.ClaimNamespace + "/" + s.ClaimName
+			}
+			req, used := fmt.Sprintf("%.1fGi", gib(s.RequestedBytes)), fmt.Sprintf("%.1fGi", gib(s.UsedBytes))
+			if wide {
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", g.Index, printable(pod), orDash(printable(s.PodUID)), printable(claim),
+					orDash(string(s.Priority)), req, used, status)
+				continue
+			}
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", g.Index, cut(pod, 24), cut(claim, 14), cut(orDash(string(s.Priority)), 12), req, used, status)
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, g := range shared {
+		for _, c := range g.ShareConflicts {
+			who := fmt.Sprintf("pid %d", c.PID)
+			if c.PodUID != "" {
+				who += " of pod " + cut(c.PodUID, 13)
+			} else if c.ContainerID != "" {
+				who += " of container " + prefix(printable(c.ContainerID), 12)
+			}
+			fmt.Fprintf(w, "  CONFLICT GPU %d: %s holds it outside every share\n", g.Index, who)
+		}
+	}
+	return nil
 }
 
 // writeFitted writes s with every line cut to Width columns: the safety

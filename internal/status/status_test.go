@@ -440,3 +440,57 @@ func TestRenderSuspended(t *testing.T) {
 		t.Errorf("a suspended section without suspensions:\n%s", out)
 	}
 }
+
+// A GPU shared by memory: each pod's share, its use and whether it is
+// over or was preempted, in 80 columns; the whole uid in -o wide; a holder
+// outside every share is a conflict. A node without shares says nothing.
+func TestRenderShares(t *testing.T) {
+	if out := render(t, realistic()); strings.Contains(out, "SHARES") {
+		t.Errorf("a node without shares shows them:\n%s", out)
+	}
+	f := realistic()
+	f.GPUs[2].Shared = true
+	f.GPUs[2].Shares = []v1.StateShare{
+		{ClaimNamespace: "team-a", ClaimName: "train-gpu-mem", PodNamespace: "team-a", PodName: "trainer-7d9f8c6b5-x2x4q",
+			PodUID: "1a2b3c4d-0000-1111-2222-333344445555", Priority: occupancy.Low, RequestedBytes: 4 << 30, UsedBytes: 6 << 30, Over: true},
+		{ClaimNamespace: "team-b", ClaimName: "serve", PodNamespace: "team-b", PodName: "server",
+			PodUID: "9a2b3c4d-0000-1111-2222-333344445555", Priority: occupancy.High, RequestedBytes: 8 << 30, UsedBytes: 1 << 30},
+		{ClaimNamespace: "shared-claims", ClaimName: "c", PodNamespace: "team-c", PodName: "gone",
+			PodUID: "8a2b3c4d-0000-1111-2222-333344445555", Priority: occupancy.Low, RequestedBytes: 1 << 30, UsedBytes: 3 << 30, Over: true, Preempted: true},
+	}
+	f.GPUs[2].ShareConflicts = []v1.StateShareConflict{{PID: 4242, PodUID: "7a2b3c4d-0000-1111-2222-333344445555"}}
+	out := render(t, f)
+	for i, line := range strings.Split(out, "\n") {
+		if n := utf8.RuneCountInString(line); n > 80 {
+			t.Errorf("line %d is %d columns: %q", i+1, n, line)
+		}
+	}
+	i := strings.Index(out, "GPU MEMORY SHARES\n")
+	if i < 0 {
+		t.Fatalf("no shares section:\n%s", out)
+	}
+	lines := strings.Split(strings.TrimRight(out[i:], "\n"), "\n")
+	for j, want := range [][]string{
+		{"GPU", "POD", "CLAIM", "PRIORITY", "SHARE", "USED", "STATUS"},
+		{"2", "team-a/trainer-7d9f8c6b…", "train-gpu-mem", "low", "4.0Gi", "6.0Gi", "OVER"},
+		{"2", "team-b/server", "serve", "high", "8.0Gi", "1.0Gi", "ok"},
+		{"2", "team-c/gone", "shared-claims…", "low", "1.0Gi", "3.0Gi", "PREEMPTED"},
+	} {
+		if j+1 >= len(lines) {
+			t.Fatalf("shares section cut short:\n%s", out[i:])
+		}
+		if got := strings.Fields(lines[j+1]); strings.Join(got, "|") != strings.Join(want, "|") {
+			t.Errorf("shares row %d = %q, want fields %q", j, lines[j+1], want)
+		}
+	}
+	if !strings.Contains(out, "CONFLICT GPU 2: pid 4242 of pod 7a2b3c4d-000… holds it outside every share") {
+		t.Errorf("no conflict line:\n%s", out)
+	}
+	var b bytes.Buffer
+	if err := RenderWide(&b, f, now); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "9a2b3c4d-0000-1111-2222-333344445555") {
+		t.Errorf("-o wide lacks the pod uid:\n%s", b.String())
+	}
+}

@@ -62,6 +62,38 @@ func ContainerCgroup(tb testing.TB) (dir, containerID string, id uint64) {
 	return dir, containerID, id
 }
 
+// PodCgroup makes a pod's cgroups as kubelet's systemd driver and
+// containerd name them (kubepods-<qos>-pod<uid>.slice, one container's
+// cri-containerd-<id>.scope inside it, under a Cgroup), so that gpud takes
+// its processes for that pod's; it returns the pod's uid and cgroup id, and
+// the container's cgroup directory for processes to join.
+func PodCgroup(tb testing.TB, qos string) (uid string, podID uint64, ctrDir string) {
+	tb.Helper()
+	parent, _ := Cgroup(tb, "pod")
+	b := make([]byte, 16)
+	rand.Read(b)
+	b[6], b[8] = b[6]&0x0f|0x40, b[8]&0x3f|0x80 // a version 4 UUID, as the API server makes
+	h := hex.EncodeToString(b)
+	uid = h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
+	pod := filepath.Join(parent, "kubepods-"+qos+"-pod"+strings.ReplaceAll(uid, "-", "_")+".slice")
+	if err := os.Mkdir(pod, 0o755); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { removeCgroup(pod) })
+	var err error
+	if podID, err = cgroups.ID(pod); err != nil {
+		tb.Fatal(err)
+	}
+	c := make([]byte, 32)
+	rand.Read(c)
+	ctrDir = filepath.Join(pod, "cri-containerd-"+hex.EncodeToString(c)+".scope")
+	if err := os.Mkdir(ctrDir, 0o755); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { removeCgroup(ctrDir) })
+	return uid, podID, ctrDir
+}
+
 // JoinCgroup moves process pid into the cgroup at dir.
 func JoinCgroup(tb testing.TB, dir string, pid int) {
 	tb.Helper()

@@ -85,9 +85,6 @@ type Config struct {
 	// MinFreeMemory: a GPU is lendable only with this much memory free
 	// (bytes; not applied where NVML does not report memory).
 	MinFreeMemory uint64
-	// Shared reports whether a GPU is shared by memory (DRA): such a GPU
-	// is never lent whole. nil: none is.
-	Shared func(gpu int) bool
 }
 
 // OwnerMemoryGrowth is how much an owner's GPU memory may grow during a
@@ -119,7 +116,10 @@ type Lender struct {
 	// keeps it frozen (the executor's SuspendedPod): a borrower suspended
 	// at a take-back is lent its GPU again when the owner idles (Relend).
 	Suspended func(podUID string) bool
-	Log       *slog.Logger
+	// Shared, when set, reports whether a GPU is shared by memory (DRA
+	// claims): such a GPU is never lent whole.
+	Shared func(gpu int) bool
+	Log    *slog.Logger
 
 	kick      chan struct{}
 	refreshMu sync.Mutex // one refresh at a time (run's ticker, and after Allocate)
@@ -218,7 +218,7 @@ func (l *Lender) lendable(g occupancy.GPUView) bool { return l.notLendable(g) ==
 // notLendable says why a GPU may not be lent now; "" when it may.
 func (l *Lender) notLendable(g occupancy.GPUView) string {
 	switch {
-	case l.cfg.Shared != nil && l.cfg.Shared(g.Index):
+	case l.Shared != nil && l.Shared(g.Index):
 		return "shared by memory (DRA): never lent whole"
 	case g.Health.Unhealthy:
 		return "unhealthy: " + g.Health.Reason

@@ -461,12 +461,16 @@ func TestLendableNeedsHealthAndFreeMemory(t *testing.T) {
 	if !healthy() || why() != "" {
 		t.Errorf("6 GiB free: not lendable (%q)", why())
 	}
-	// A GPU shared by memory (DRA) is never lent whole.
-	f.l.cfg.Shared = func(gpu int) bool { return gpu == 0 }
+	// Shared by memory (DRA claims): never lent whole.
+	shared := true
+	f.l.Shared = func(gpu int) bool { return gpu == 0 && shared }
 	if healthy() || !strings.Contains(why(), "shared by memory") {
-		t.Errorf("shared: lendable %v (%q)", healthy(), why())
+		t.Errorf("a shared GPU: lendable %v (%q)", healthy(), why())
 	}
-	f.l.cfg.Shared = nil
+	shared = false
+	if !healthy() || why() != "" {
+		t.Errorf("no longer shared: not lendable (%q)", why())
+	}
 	f.ledger.SetUnhealthy(0, "XID 79", true, time.Now())
 	if healthy() || why() != "unhealthy: XID 79" {
 		t.Errorf("after XID 79: lendable %v (%q)", healthy(), why())

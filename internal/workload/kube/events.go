@@ -8,6 +8,7 @@ import (
 
 	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/preempt"
+	"github.com/gpud/gpud/internal/sharing"
 	"github.com/gpud/gpud/internal/workload"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -24,10 +25,31 @@ type Events struct {
 	node   string
 	log    *slog.Logger
 	queue  chan preempt.Record
+	notes  chan note
+}
+
+// note is an Event on one pod that no preemption record carries (a pod
+// over its GPU memory share).
+type note struct {
+	podUID, typ, reason, msg string
 }
 
 func NewEvents(c kubernetes.Interface, reg *workload.Registry, node string, log *slog.Logger) *Events {
-	return &Events{client: c, reg: reg, node: node, log: log, queue: make(chan preempt.Record, 256)}
+	return &Events{client: c, reg: reg, node: node, log: log, queue: make(chan preempt.Record, 256), notes: make(chan note, 64)}
+}
+
+// Warn queues a Warning Event on the pod podUID; a pod gpud does not know
+// by name gets none, and when the queue is full it is dropped (the log and
+// the metrics keep what it said).
+func (p *Events) Warn(podUID, reason, msg string) {
+	if podUID == "" {
+		return
+	}
+	select {
+	case p.notes <- note{podUID: podUID, typ: corev1.EventTypeWarning, reason: reason, msg: msg}:
+	default:
+		p.log.Warn("event queue full: event dropped", "pod_uid", podUID, "reason", reason)
+	}
 }
 
 // Record queues a record's events; when the queue is full they are dropped
@@ -50,6 +72,10 @@ func (p *Events) Run(ctx context.Context) {
 			return
 		case r := <-p.queue:
 			p.post(ctx, r)
+		case n := <-p.notes:
+			if w, ok := p.pod(n.podUID); ok {
+				p.Create(ctx, w, n.typ, n.reason, n.msg)
+			}
 		}
 	}
 }
@@ -88,6 +114,11 @@ func (p *Events) post(ctx context.Context, r preempt.Record) {
 	var vReason, vMsg, pReason, pMsg string
 	switch r.Action {
 	case preempt.ActionKill:
+		if r.Rule == sharing.Rule {
+			vReason, vMsg = "GPUMemoryShareExceeded", fmt.Sprintf("gpud killed process %d on GPU %d: this pod was over its GPU memory share and %s needed the memory (%s)", r.Victim.PID, r.GPU, describe(pre, pok, r.Preemptor), r.Result)
+			pReason, pMsg = "GPUMemoryShareReturned", fmt.Sprintf("gpud preempted %s, over its GPU memory share on GPU %d, for this pod", describe(victim, vok, r.Victim), r.GPU)
+			break
+		}
 		vReason, vMsg = "GPUPreempted", fmt.Sprintf("gpud killed process %d on GPU %d for %s (%s)", r.Victim.PID, r.GPU, describe(pre, pok, r.Preemptor), r.Result)
 		pReason, pMsg = "GPUPreemptedOther", fmt.Sprintf("gpud preempted %s on GPU %d for this pod", describe(victim, vok, r.Victim), r.GPU)
 	case preempt.ActionFreeze:

@@ -12,6 +12,7 @@ import (
 
 	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/preempt"
+	"github.com/gpud/gpud/internal/sharing"
 	"github.com/gpud/gpud/internal/testutil"
 	"github.com/gpud/gpud/internal/workload"
 	corev1 "k8s.io/api/core/v1"
@@ -302,4 +303,29 @@ func TestEventsPostFailureIsLoggedAndDoesNotStop(t *testing.T) {
 	if l := f.log.String(); !strings.Contains(l, "posting event") || !strings.Contains(l, "pod=ml/batch") || !strings.Contains(l, "no RBAC") {
 		t.Errorf("the failed post is not logged with its pod and error:\n%s", l)
 	}
+}
+
+// A pod over its GPU memory share is warned on the pod; a kill under the
+// share rule says why on both pods; a pod gpud cannot name gets nothing.
+func TestEventsShareOverAndShareKill(t *testing.T) {
+	f := newEventsFixture(t)
+	f.run(t)
+	f.ev.Warn(uid(9), "GPUMemoryOverShare", "unknown pod")
+	f.ev.Warn(victimPod.PodUID, "GPUMemoryOverShare", "this pod uses 6442450944 bytes of GPU 0's memory, over the 4294967296 bytes of its claim ml/c")
+	testutil.Eventually(t, 5*time.Second, "the warning on the pod", func() bool { return len(f.events(t, "ml")) == 1 })
+	checkEvent(t, f.one(t, "ml"), victimPod, corev1.EventTypeWarning, "GPUMemoryOverShare", "over the 4294967296 bytes")
+	f.ev.Record(preempt.Record{ID: "r1", GPU: 0, Action: preempt.ActionKill, Rule: sharing.Rule, Result: "done",
+		Victim:    preempt.Party{PID: 4242, PodUID: victimPod.PodUID},
+		Preemptor: preempt.Party{PID: 77, PodUID: preemptorPod.PodUID}})
+	f.drain(t)
+	evs := f.events(t, "ml")
+	if len(evs) != 2 {
+		t.Fatalf("%d events on the victim, want the warning and the kill", len(evs))
+	}
+	for _, ev := range evs {
+		if ev.Reason != "GPUMemoryOverShare" {
+			checkEvent(t, ev, victimPod, corev1.EventTypeWarning, "GPUMemoryShareExceeded", "process 4242", "over its GPU memory share", "pod prod/trainer")
+		}
+	}
+	checkEvent(t, f.one(t, "prod"), preemptorPod, corev1.EventTypeNormal, "GPUMemoryShareReturned", "pod ml/batch", "GPU 0")
 }
