@@ -29,6 +29,19 @@ const (
 // claims are allocated by the scheduler).
 func sharePod(t *testing.T, name, mem string, labels ...string) {
 	t.Helper()
+	sharePodOn(t, name, mem, "", labels...)
+}
+
+// sharePodOn is sharePod on the GPU with UUID uuid (a CEL selector on the
+// device's uuid attribute), its container holding that GPU open; "" lets
+// the scheduler choose and holds nothing.
+func sharePodOn(t *testing.T, name, mem, uuid string, labels ...string) {
+	t.Helper()
+	selector, command := "", "trap 'exit 0' TERM; sleep 3600 & wait"
+	if uuid != "" {
+		selector = fmt.Sprintf("\n          selectors: [{cel: {expression: 'device.attributes[\"gpud.io\"].uuid == \"%s\"'}}]", uuid)
+		command = "exec 3<>$(ls /dev/nvidia[0-9]*); " + command
+	}
 	var kv []string
 	for i := 0; i+1 < len(labels); i += 2 {
 		kv = append(kv, fmt.Sprintf("%q: %q", labels[i], labels[i+1]))
@@ -42,7 +55,7 @@ spec:
       requests:
       - name: gpu
         exactly:
-          deviceClassName: gpu-mem.gpud.io
+          deviceClassName: gpu-mem.gpud.io%[4]s
           capacity: {requests: {memory: %[2]s}}
 ---
 apiVersion: v1
@@ -55,12 +68,12 @@ spec:
   - name: c
     image: gpud.local/busybox:1
     imagePullPolicy: Never
-    command: ["sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"]
+    command: ["sh", "-c", %[5]q]
     resources: {claims: [{name: gpu}]}
   resourceClaims:
   - name: gpu
     resourceClaimTemplateName: %[1]s
-`, name, mem, strings.Join(kv, ", ")))
+`, name, mem, strings.Join(kv, ", "), selector, command))
 	t.Cleanup(func() {
 		kubectl(t, "delete", "pod", name, "--grace-period=0", "--force", "--ignore-not-found")
 		kubectl(t, "delete", "resourceclaimtemplate", name, "--ignore-not-found")
@@ -331,4 +344,85 @@ spec:
     resources: {limits: {%q: 1}}
 `, name, resource))
 	t.Cleanup(func() { kubectl(t, "delete", "pod", name, "--grace-period=0", "--force", "--ignore-not-found") })
+}
+
+// The share rule on the real cluster: a low pod and a high pod share one
+// GPU (16 GiB), 4 GiB and 8 GiB. The NVML double reports the low pod's
+// process at 6 GiB: it is over its share, warned (state, Event, metric)
+// and left alone while the GPU has room. Then the GPU fills up so that the
+// high pod's unused 6 GiB is no longer free: the low pod is preempted
+// (killed), the high one untouched.
+func TestShareRuleOnTheCluster(t *testing.T) {
+	dev, _ := fakeGPU(t)
+	if err := unix.Mknod(filepath.Join(dev, "nvidia1"), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 7))); err != nil {
+		t.Fatal(err)
+	}
+	root := t.TempDir()
+	double := testutil.NewNVMLDouble(t, filepath.Join(root, "usr/lib/x86_64-linux-gnu"),
+		testutil.NVMLGPU{Index: 0, Minor: 229, UUID: shareUUID0, Name: "NVIDIA L4", MemoryTotal: 16 << 30},
+		testutil.NVMLGPU{Index: 1, Minor: 7, UUID: shareUUID1, Name: "NVIDIA L4", MemoryTotal: 16 << 30})
+	kr := env(t, "KUBELET_ROOT")
+	deployChart(t, dev, "dra.enabled=true", "dra.memoryReserve=0Mi", "hostPaths.driverRoot="+root,
+		"hostPaths.kubeletPlugins="+filepath.Join(kr, "plugins"), "hostPaths.kubeletPluginsRegistry="+filepath.Join(kr, "plugins_registry"),
+		"dra.cdiDir="+env(t, "CDI_SPEC_DIR"))
+	testutil.Eventually(t, 60*time.Second, "the node's ResourceSlice", func() bool {
+		out, _ := kubectl(t, "get", "resourceslices", "--field-selector", "spec.driver=gpud.io", "-o", "jsonpath={.items[*].spec.devices[*].name}")
+		return strings.Count(out, "gpu-") == 2
+	})
+	sharePodOn(t, "srlow", "4Gi", shareUUID0, "gpud.io/priority", "low")
+	sharePodOn(t, "srhigh", "8Gi", shareUUID0, "gpud.io/priority", "high")
+	for _, p := range []string{"srlow", "srhigh"} {
+		if out, err := kubectl(t, "wait", "--for=condition=Ready", "pod/"+p, "--timeout=90s"); err != nil {
+			desc, _ := kubectl(t, "describe", "pod", p)
+			t.Fatalf("%s never Ready: %v %s\n%s", p, err, out, desc)
+		}
+	}
+	holders := fileHolders("/run/gpud/state.json")
+	low, high := hold(t, holders, "srlow"), hold(t, holders, "srhigh")
+
+	// 6 GiB on a 4 GiB share; the GPU has 8 GiB free, the high pod's
+	// unused 6 GiB fits: warned, not preempted.
+	double.SetProcesses(t, testutil.NVMLProcess{GPU: 0, PID: low, Memory: 6 << 30}, testutil.NVMLProcess{GPU: 0, PID: high, Memory: 2 << 30})
+	share := func(f *v1.StateFile, pod string) *v1.StateShare {
+		for i := range f.GPUs {
+			for j, s := range f.GPUs[i].Shares {
+				if s.PodName == pod {
+					return &f.GPUs[i].Shares[j]
+				}
+			}
+		}
+		return nil
+	}
+	waitHostState(t, 20*time.Second, "the low pod over its share, warned", func(f *v1.StateFile) bool {
+		s := share(f, "srlow")
+		return s != nil && s.Over && s.UsedBytes == 6<<30 && s.RequestedBytes == 4<<30 && s.Priority == v1.Low && !s.Preempted
+	})
+	testutil.Eventually(t, 20*time.Second, "a GPUMemoryOverShare Event on the low pod", func() bool {
+		out, _ := kubectl(t, "get", "events", "--field-selector", "involvedObject.name=srlow,reason=GPUMemoryOverShare", "-o", "name")
+		return out != ""
+	})
+	if _, body := httpGet(t, "http://127.0.0.1:9407/metrics"); !strings.Contains(body, "gpud_gpu_memory_share_over{") {
+		t.Errorf("no gpud_gpu_memory_share_over series:\n%s", grepLines(body, "share"))
+	}
+	time.Sleep(3 * time.Second) // three samples: still nobody preempted
+	if !testutil.Alive(low) || !testutil.Alive(high) {
+		t.Fatalf("preempted while the GPU had room: low alive %v, high alive %v", testutil.Alive(low), testutil.Alive(high))
+	}
+
+	// The GPU fills up (another context's 6 GiB): 2 GiB free, the high
+	// pod was promised 6 more. The low pod, over its share, goes.
+	double.SetGPUs(t,
+		testutil.NVMLGPU{Index: 0, Minor: 229, UUID: shareUUID0, Name: "NVIDIA L4", MemoryTotal: 16 << 30, MemoryUsed: 14 << 30},
+		testutil.NVMLGPU{Index: 1, Minor: 7, UUID: shareUUID1, Name: "NVIDIA L4", MemoryTotal: 16 << 30})
+	testutil.Eventually(t, 20*time.Second, "the low pod's process killed", func() bool { return !testutil.Alive(low) })
+	if !testutil.Alive(high) {
+		t.Error("the high pod was preempted")
+	}
+	f := waitHostState(t, 20*time.Second, "a kill record for the low pod", func(f *v1.StateFile) bool { return killOf(f, low) != nil })
+	if r := killOf(f, low); !strings.Contains(r.Rule, "share") {
+		t.Errorf("the kill's rule %q does not name the share", r.Rule)
+	}
+	if out, _ := kubectl(t, "get", "events", "--field-selector", "involvedObject.name=srlow,reason=GPUMemoryShareExceeded", "-o", "name"); out == "" {
+		t.Error("no GPUMemoryShareExceeded Event on the low pod")
+	}
 }
