@@ -325,7 +325,10 @@ int gpud_gate(struct bpf_cgroup_dev_ctx *ctx)
 		struct gpu_pol *pol = bpf_map_lookup_elem(&gpu_policy, &rdev);
 		__u64 *hmark = bpf_map_lookup_elem(&gpu_high_mark, &rdev);
 		__u64 *conf = bpf_map_lookup_elem(&gpu_confirmed, &rdev);
-		if (fence == FENCE_NONE && pol && hmark && conf) {
+		// A GPU shared by memory is no one's to hold: its pods are there
+		// together whatever their class, so no open of it marks it high or
+		// is refused by the table (only the fence above applies).
+		if (fence == FENCE_NONE && pol && hmark && conf && !pol->shared) {
 			int reserved_ok = 0;
 			__u64 matched = 0;
 			__u64 reserved = now < pol->reserved_until_ns ? pol->reserved_cgroup : 0;

@@ -44,6 +44,8 @@ type gpudGpuPol struct {
 	Low             uint32
 	ReservedCgroup  uint64
 	ReservedUntilNs uint64
+	Shared          uint32
+	Pad             uint32
 }
 
 type gpudGpuSet struct {

@@ -558,6 +558,9 @@ type GPUPolicy struct {
 	High, Low      uint32 // holders by class
 	ReservedCgroup uint64 // while reserved, only this cgroup may open low
 	ReservedUntil  uint64 // CLOCK_MONOTONIC ns
+	// Shared: the GPU is shared by memory (DRA); the gate applies no
+	// rule of the table to its opens (the share fence still applies).
+	Shared bool
 }
 
 // SetGPUPolicy updates one GPU's policy and then confirms that events up to
@@ -577,6 +580,9 @@ func (m *Monitor) SetGPUPolicy(gpu uint32, p GPUPolicy, confirmedMono uint64) er
 		return nil
 	}
 	v := gpudGpuPol{High: p.High, Low: p.Low, ReservedCgroup: p.ReservedCgroup, ReservedUntilNs: p.ReservedUntil}
+	if p.Shared {
+		v.Shared = 1
+	}
 	// UpdateExist: the entries are SetGPUs', never created here.
 	if err := m.objs.GpuPolicy.Update(dev, v, ebpf.UpdateExist); err != nil {
 		m.protected[gpu] = false

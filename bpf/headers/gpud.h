@@ -144,6 +144,8 @@ struct gpu_pol {
 	__u32 low;               /* low-priority holders */
 	__u64 reserved_cgroup;   /* a reservation: only this cgroup (or its descendants) may open low */
 	__u64 reserved_until_ns; /* CLOCK_MONOTONIC */
+	__u32 shared;            /* shared by memory (DRA shares): the table does not apply, the share fence does */
+	__u32 _pad;
 };
 
 #define MAX_GPUS 256

@@ -40,6 +40,11 @@ func (d *Daemon) setupDRA() error {
 		Reserve: cfg.DRAMemoryReserve, Min: cfg.DRAMemoryMin, Step: cfg.DRAMemoryStep, Default: cfg.DRAMemoryDefault,
 		NVIDIACDI: (&lending.CDISpecs{Dirs: cfg.CDISpecDirs}).Has, NVIDIAKind: cfg.CDIKind,
 		GPUs: d.draGPUs, Book: d.cfg.Shares, Log: d.log,
+		Published: func() {
+			if d.writer != nil {
+				d.writer.Kick() // what is offered, and why not, in the state file
+			}
+		},
 	})
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrConfig, err)

@@ -50,7 +50,18 @@ func (d *Daemon) setupShares() {
 		last: map[int]sharing.Judgement{}, over: map[overKey]bool{}, conflicts: map[int]map[int]bool{}, preempted: map[string]bool{},
 		holders: map[int][]occupancy.ProcInfo{},
 	}
-	d.cfg.Shares.OnChange(d.kickShares)
+	book := d.cfg.Shares
+	book.OnChange(func() {
+		// At once, in the prepare that changed the book: before the pod's
+		// containers start, its GPU is no one's to hold (the table stops
+		// applying to it), then the share rule judges.
+		gpus := map[int]bool{}
+		for _, sh := range book.Shares() {
+			gpus[sh.GPU] = true
+		}
+		d.gate.SetShared(slices.Collect(maps.Keys(gpus)))
+		d.kickShares()
+	})
 	d.runners = append(d.runners, d.runShares)
 }
 

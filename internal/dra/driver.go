@@ -101,6 +101,9 @@ type Config struct {
 	GPUs func() []GPU
 	Book *sharing.Book
 	Log  *slog.Logger
+	// Published is called after each change of the slice (the state file
+	// shows what is offered); may be nil.
+	Published func()
 }
 
 // Driver is gpud's DRA kubelet plugin.
@@ -448,6 +451,9 @@ func (d *Driver) publish(ctx context.Context) {
 	d.stats.LastPublish = time.Now()
 	d.mu.Unlock()
 	d.cfg.Log.Info("ResourceSlice published", "driver", DriverName, "devices", len(devs))
+	if d.cfg.Published != nil {
+		d.cfg.Published()
+	}
 }
 
 // PrepareResourceClaims prepares each claim: a CDI spec naming its GPU

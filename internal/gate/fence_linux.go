@@ -25,6 +25,24 @@ func (c *Controller) shared(gpu int) bool {
 	return c.fences.shared[gpu]
 }
 
+// SetShared records the GPUs shared by memory and, when that changed,
+// pushes their policy to the kernel at once: called as claims are
+// prepared, before their pods' containers start, so that no open of a
+// shared GPU is judged by the table.
+func (c *Controller) SetShared(shared []int) {
+	c.fences.mu.Lock()
+	now := map[int]bool{}
+	for _, g := range shared {
+		now[g] = true
+	}
+	changed := !maps.Equal(now, c.fences.shared)
+	c.fences.shared = now
+	c.fences.mu.Unlock()
+	if changed {
+		c.Sync()
+	}
+}
+
 // FenceShares records the shared GPUs and makes the kernel's share fence
 // want: each cgroup (a pod's with GPU memory shares) may open only the
 // GPUs listed for it, while the gate enforces; a cgroup not in want is not

@@ -250,6 +250,9 @@ func (c *Controller) HandleEvent(ev *bpf.Event) {
 	gpu := int(ev.GPU)
 	switch ev.Type {
 	case bpf.EventGateHigh:
+		if c.shared(gpu) {
+			return // an event the kernel emitted before it knew: the share rule judges
+		}
 		c.takeBack(gpu)
 		// Kill first; the preemptor's identity is only for the record.
 		victims := c.lowHolders(gpu, fmt.Sprintf("a high-priority process opened GPU %d", gpu))
@@ -420,7 +423,7 @@ func (c *Controller) Sync() {
 		if c.shared(gpu) {
 			// Shared by memory (DRA): its pods are there together whatever
 			// their class; the share rule, not the table, preempts.
-			p = bpf.GPUPolicy{}
+			p = bpf.GPUPolicy{Shared: true}
 		}
 		if r, ok := c.reserved[gpu]; ok {
 			p.ReservedCgroup, p.ReservedUntil = r.cgroupID, c.until[gpu]
