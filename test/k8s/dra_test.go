@@ -377,6 +377,14 @@ func TestShareRuleOnTheCluster(t *testing.T) {
 			t.Fatalf("%s never Ready: %v %s\n%s", p, err, out, desc)
 		}
 	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			st, _ := kubectl(t, "get", "pod", "srlow", "-o", "jsonpath={.status}")
+			ev, _ := kubectl(t, "get", "events", "--field-selector", "involvedObject.name=srlow", "-o", "custom-columns=R:.reason,M:.message")
+			b, _ := json.MarshalIndent(hostState(t), "", " ")
+			t.Logf("srlow status %s\nevents:\n%s\nstate:\n%s", st, ev, b)
+		}
+	})
 	holders := fileHolders("/run/gpud/state.json")
 	low, high := hold(t, holders, "srlow"), hold(t, holders, "srhigh")
 
