@@ -227,13 +227,24 @@ func (c *Controller) HandleEvent(ev *bpf.Event) {
 	gpu := int(ev.GPU)
 	switch ev.Type {
 	case bpf.EventGateHigh:
+		preempt.StepAt("decision", ev.Mono)
+		preempt.Step("event")
 		c.takeBack(gpu)
 		// Kill first; the preemptor's identity is only for the record.
 		victims := c.lowHolders(gpu, fmt.Sprintf("a high-priority process opened GPU %d", gpu))
 		if len(victims) == 0 {
 			return
 		}
-		c.preempt(gpu, c.opener(ev), victims, c.Wall(ev.Mono))
+		preempt.Step("victims")
+		// The signals are sent before PreemptNow returns; the opener is
+		// read from /proc (its identity, for the records) only after them.
+		// A copy of the event: the tracker reuses it.
+		e := *ev
+		v := preempt.Decide(preempt.Holding{Low: true}, occupancy.High)
+		c.Exec.PreemptNow(c.context(), gpu, v.Rule, c.knownOpener(&e), func() preempt.Party {
+			o := c.opener(&e)
+			return party(o, c.taskID(o))
+		}, victims, c.Wall(ev.Mono))
 	case bpf.EventDeny:
 		opener := c.opener(ev)
 		target := c.workload(opener, fmt.Sprintf("refused GPU %d, held by high priority", gpu))
@@ -261,6 +272,16 @@ func (c *Controller) opener(ev *bpf.Event) occupancy.ProcInfo {
 		info.CgroupID = ev.CgroupID // the waiter's cgroup: covers the whole workload
 	}
 	return info
+}
+
+// knownOpener names the process behind a gate event with what is known
+// without reading /proc: the event's own fields and its cgroup's workload.
+func (c *Controller) knownOpener(ev *bpf.Event) preempt.Party {
+	p := preempt.Party{PID: int(ev.TGID), Comm: ev.Comm, CgroupID: ev.CgroupID}
+	if w, ok := c.Registry.Lookup(occupancy.ProcInfo{CgroupID: ev.CgroupID}); ok {
+		p.ContainerID, p.PodUID, p.TaskID = w.ContainerID, w.PodUID, w.TaskID
+	}
+	return p
 }
 
 // addWaiter queues a denied request; false when that cgroup already waits.

@@ -100,7 +100,10 @@ func (e *Executor) suspendedLocked(pid int) *suspension {
 // place checked as for a kill); it returns the victims it could not
 // freeze, for the caller to kill: no freezable cgroup, or a freeze that
 // did not complete in time.
-func (e *Executor) freezeAll(gpu int, rule string, preemptor Party, victims []Victim, decided time.Time) (kill []Victim) {
+//
+// preemptor is asked once the first workload is frozen (it may read
+// /proc: not before the freeze).
+func (e *Executor) freezeAll(gpu int, rule string, preemptor func() Party, victims []Victim, decided time.Time) (kill []Victim) {
 	root, err := e.cgroupRoot()
 	if err != nil {
 		e.log().Warn("no cgroup v2 hierarchy: killing instead of freezing", "error", err)
@@ -130,6 +133,7 @@ func (e *Executor) freezeAll(gpu int, rule string, preemptor Party, victims []Vi
 		}
 		errs[i] = err
 	})
+	Step("checked")
 	for i, v := range victims {
 		fz, err := fzs[i], errs[i]
 		if err != nil {
@@ -171,7 +175,7 @@ func (e *Executor) freezeAll(gpu int, rule string, preemptor Party, victims []Vi
 		e.mu.Unlock()
 		now := time.Now()
 		s = &suspension{path: path, kind: g.fz.Kind, since: now.UTC(), resumeAfter: now.Add(minSuspended), gpus: map[int]bool{gpu: true},
-			victims: g.victims, rule: rule, reason: g.victims[0].Workload.Reason, preemptor: preemptor}
+			victims: g.victims, rule: rule, reason: g.victims[0].Workload.Reason}
 		result := "done"
 		paused, err := g.fz.Paused()
 		switch {
@@ -203,9 +207,11 @@ func (e *Executor) freezeAll(gpu int, rule string, preemptor Party, victims []Vi
 				}
 			}
 			err := g.fz.Freeze()
+			Step("freeze-written")
 			if err == nil {
 				err = g.fz.WaitFrozen(e.freezeWait())
 			}
+			Step("frozen")
 			if err != nil {
 				if terr := g.fz.Thaw(); terr != nil {
 					e.log().Error("thawing a failed freeze", "cgroup", path, "error", terr)
@@ -219,8 +225,9 @@ func (e *Executor) freezeAll(gpu int, rule string, preemptor Party, victims []Vi
 			s.fz = g.fz
 		}
 		frozenAt := time.Now()
+		s.preemptor = preemptor()
 		for _, v := range g.victims {
-			rec := Record{Time: s.since, GPU: gpu, Action: ActionFreeze, Rule: rule, Preemptor: preemptor,
+			rec := Record{Time: s.since, GPU: gpu, Action: ActionFreeze, Rule: rule, Preemptor: s.preemptor,
 				Victim: party(v), Cgroup: path, Result: result,
 				LatencyMS: float64(frozenAt.Sub(decided).Microseconds()) / 1000}
 			if e.Journal != nil {
