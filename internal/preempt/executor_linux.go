@@ -113,10 +113,12 @@ func (e *Executor) Preempt(ctx context.Context, gpu int, rule string, preemptor 
 }
 
 // PreemptNow is Preempt for a decision the gate took on an open, called
-// from the event loop: the victims to kill are checked and signalled
-// before it returns, on the caller's goroutine (no goroutine to be
-// scheduled between the decision and the signals); their wait, the
-// records, the freezes and the reclaims go on asynchronously. known names
+// from the event loop: the victims to kill are checked and signalled, and
+// the workloads to freeze asked to freeze, before it returns, on the
+// caller's goroutine (no goroutine to be scheduled between the decision
+// and the action); the waits, the records and the reclaims go on
+// asynchronously, as do checkpoint mode's freezes (a CUDA lock can take
+// seconds). known names
 // the preemptor in the intents with what was known without reading /proc;
 // preemptor, asked after the signals, names it in the records.
 func (e *Executor) PreemptNow(ctx context.Context, gpu int, rule string, known Party, preemptor func() Party, victims []Victim, decided time.Time) {
@@ -170,8 +172,12 @@ func (e *Executor) preempt(ctx context.Context, gpu int, rule string, known Part
 	// The signals first, the preemptor's identity after: it is only for
 	// the records.
 	var first *killBatch
+	var frozen *freezeBatch
 	if signalNow {
 		first = e.signalAll(gpu, rule, known, kill, decided)
+		if len(freeze) > 0 && !e.needsCheckpoint(freeze) {
+			frozen = e.startFreezes(gpu, rule, freeze, decided)
+		}
 	}
 	e.wg.Add(1)
 	go func() {
@@ -187,7 +193,10 @@ func (e *Executor) preempt(ctx context.Context, gpu int, rule string, known Part
 			first.finish(who)
 		}
 		var fallback []Victim
-		if len(freeze) > 0 {
+		switch {
+		case frozen != nil:
+			fallback = frozen.finish(who)
+		case len(freeze) > 0:
 			fallback = e.freezeAll(gpu, rule, who, freeze, decided)
 		}
 		if first == nil {
