@@ -348,12 +348,12 @@ func (c *Controller) Opened(info occupancy.ProcInfo, gpu int, ev *bpf.Event) {
 	}
 	c.mu.Unlock()
 
-	counts := c.Ledger.Counts()[gpu]
+	counts := c.Ledger.CountsOf(gpu)
 	switch info.Priority {
 	case occupancy.High:
 		if c.lent(gpu) {
 			c.takeBack(gpu)                 // the borrower's later opens are refused again
-			counts = c.Ledger.Counts()[gpu] // the borrower may have just been classified
+			counts = c.Ledger.CountsOf(gpu) // the borrower may have just been classified
 		}
 		if counts.Low > 0 {
 			c.preempt(gpu, info, c.lowHolders(gpu, fmt.Sprintf("a high-priority process opened GPU %d", gpu)), c.Wall(ev.Mono))
