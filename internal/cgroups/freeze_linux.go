@@ -177,7 +177,8 @@ func (f *Freezer) Paused() (bool, error) {
 // as that sleep ends. v2: woken by cgroup.events' notification (poll
 // POLLPRI), and read again after a short, growing wait all the same: the
 // kernel sends a cgroup file's notifications at most once per 10 ms
-// (cgroup_file_notify), through a workqueue, so a freeze following a thaw
+// (cgroup_file_notify: a change within 10 ms of the last notification is
+// notified by a timer at the end of those 10 ms), so a freeze following a thaw
 // within 10 ms is notified late. v1 has no notification: polled with a
 // short, growing sleep.
 func (f *Freezer) WaitFrozen(d time.Duration) error {
