@@ -175,7 +175,12 @@ func (f *Freezer) Paused() (bool, error) {
 // (ErrFreezeTimeout). A freeze of running or sleeping tasks completes in
 // tens of microseconds, one of a task in an uninterruptible sleep as late
 // as that sleep ends. v2: woken by cgroup.events' notification (poll
-// POLLPRI); v1 has none: polled with a short, growing sleep.
+// POLLPRI), and read again after a short, growing wait all the same: the
+// kernel sends a cgroup file's notifications at most once per 10 ms
+// (cgroup_file_notify: a change within 10 ms of the last notification is
+// notified by a timer at the end of those 10 ms), so a freeze following a thaw
+// within 10 ms is notified late. v1 has no notification: polled with a
+// short, growing sleep.
 func (f *Freezer) WaitFrozen(d time.Duration) error {
 	deadline := time.Now().Add(d)
 	if f.Kind == FreezerV2 {
@@ -206,6 +211,7 @@ func (f *Freezer) waitEvents(deadline time.Time, d time.Duration) error {
 	defer ev.Close()
 	fd := int(ev.Fd())
 	buf := make([]byte, 256)
+	step := 20 * time.Microsecond
 	for {
 		// Read from the start each time: kernfs reports a change to a
 		// reader that has read the file since.
@@ -220,9 +226,11 @@ func (f *Freezer) waitEvents(deadline time.Time, d time.Duration) error {
 		if left <= 0 {
 			return fmt.Errorf("%w: %s after %s", ErrFreezeTimeout, f.Path, d)
 		}
-		// Bounded: a missed notification costs at most 10 ms.
-		wait := min(left, 10*time.Millisecond)
-		_, err = unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLPRI}}, int(wait.Milliseconds())+1)
+		// Bounded: a notification held back costs at most the step
+		// (20 µs, doubling up to 1 ms).
+		ts := unix.NsecToTimespec(min(left, step).Nanoseconds())
+		step = min(2*step, time.Millisecond)
+		_, err = unix.Ppoll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLPRI}}, &ts, nil)
 		if err != nil && err != unix.EINTR {
 			return fmt.Errorf("cgroups: polling %s: %w", ev.Name(), err)
 		}

@@ -22,6 +22,7 @@ import (
 	"github.com/gpud/gpud/bpf"
 	"github.com/gpud/gpud/internal/daemon"
 	"github.com/gpud/gpud/internal/occupancy"
+	"github.com/gpud/gpud/internal/preempt"
 	"github.com/gpud/gpud/internal/testutil"
 	"github.com/gpud/gpud/internal/workload"
 	"golang.org/x/sys/unix"
@@ -269,12 +270,16 @@ func startEnforcingBenchDaemon(b *testing.B, devDir string) *benchDaemon {
 // trials; the ratio is p99 to the 5 ms goal.
 func BenchmarkPreemptLatency(b *testing.B) {
 	devDir, gpus := makeGPUsForBench(b)
+	st := traceSteps(b)
 	d := startEnforcingBenchDaemon(b, devDir)
 	defer d.stop()
-	lat := preemptTrials(b, d, gpus, "b", 200)
+	lat := preemptTrials(b, d, gpus, "b", 200, st)
 	b.ReportMetric(percentile(lat, 50), "µs-p50")
 	b.ReportMetric(percentile(lat, 99), "µs-p99")
 	b.ReportMetric(percentile(lat, 99)/5000, "ratio-p99-to-5ms-goal")
+	// gpud's part: the open → both victims signalled.
+	b.ReportMetric(st.pct("signalled", 50), "µs-p50-open-to-signalled")
+	b.ReportMetric(st.pct("signalled", 99), "µs-p99-open-to-signalled")
 }
 
 // BenchmarkPreemptLatencyCheckpoints: the same with --checkpoint-root set,
@@ -305,7 +310,7 @@ func BenchmarkPreemptLatencyCheckpoints(b *testing.B) {
 
 // preemptTrials runs n high-over-low preemptions (two low holders each)
 // and returns open → both dead, in µs. Cgroups are named by prefix.
-func preemptTrials(b *testing.B, d *benchDaemon, gpus []string, prefix string, trials int) []float64 {
+func preemptTrials(b *testing.B, d *benchDaemon, gpus []string, prefix string, trials int, st ...*steps) []float64 {
 	b.Helper()
 	hdir, hid := testutil.Cgroup(b, prefix+"high")
 	ldir, lid := testutil.Cgroup(b, prefix+"low")
@@ -345,7 +350,11 @@ func preemptTrials(b *testing.B, d *benchDaemon, gpus []string, prefix string, t
 			}
 			unix.Close(fd)
 		}
-		lat = append(lat, float64(bpf.MonotonicNow()-t0)/1e3)
+		end := bpf.MonotonicNow()
+		lat = append(lat, float64(end-t0)/1e3)
+		for _, s := range st {
+			s.trial(t0, end)
+		}
 		for _, l := range lows {
 			l.cmd.Wait()
 		}
@@ -523,15 +532,19 @@ func BenchmarkRejudgeLatency(b *testing.B) {
 func BenchmarkFreezeLatency(b *testing.B) {
 	devDir, gpus := makeGPUsForBench(b)
 	var frozen, recorded, killed []float64
+	st := traceSteps(b)
 	for block := 0; block < 4; block++ {
 		d := startEnforcingBenchDaemon(b, devDir)
 		killed = append(killed, preemptTrials(b, d, gpus, fmt.Sprintf("k%d", block), 40)...)
+		st.mu.Lock()
+		st.cur = map[string]uint64{}
+		st.mu.Unlock()
 		d.stop()
 		d = startBenchDaemonWith(b, devDir, func(c *daemon.Config) {
 			c.Enforce, c.FailOpenAfter, c.DockerHost, c.Reclaim, c.ReservationTTL = true, 30*time.Second, "none", "none", 30*time.Second
 			c.PreemptMode = "freeze"
 		})
-		f, r := freezeTrials(b, d, gpus, fmt.Sprintf("f%d", block), 40)
+		f, r := freezeTrials(b, d, gpus, fmt.Sprintf("f%d", block), 40, st)
 		frozen, recorded = append(frozen, f...), append(recorded, r...)
 		d.stop()
 	}
@@ -542,13 +555,16 @@ func BenchmarkFreezeLatency(b *testing.B) {
 	b.ReportMetric(percentile(frozen, 50)/percentile(killed, 50), "ratio-p50-to-kill")
 	b.ReportMetric(percentile(frozen, 99)/percentile(killed, 99), "ratio-p99-to-kill")
 	b.ReportMetric(percentile(recorded, 99)/5000, "ratio-p99-to-5ms-goal")
+	// gpud's part: the open → cgroup.freeze written.
+	b.ReportMetric(st.pct("freeze-written", 50), "µs-p50-open-to-freeze-written")
+	b.ReportMetric(st.pct("freeze-written", 99), "µs-p99-open-to-freeze-written")
 }
 
 // freezeTrials runs n high-over-low preemptions of one workload's two
 // low holders in freeze mode, each thawed before the next (the same
 // processes throughout), and returns open → frozen as seen in
 // cgroup.events, and decision → frozen as gpud recorded it, in µs.
-func freezeTrials(b *testing.B, d *benchDaemon, gpus []string, prefix string, trials int) (frozen, recorded []float64) {
+func freezeTrials(b *testing.B, d *benchDaemon, gpus []string, prefix string, trials int, st ...*steps) (frozen, recorded []float64) {
 	b.Helper()
 	hdir, hid := testutil.Cgroup(b, prefix+"high")
 	ldir, lid := testutil.Cgroup(b, prefix+"low")
@@ -567,6 +583,30 @@ func freezeTrials(b *testing.B, d *benchDaemon, gpus []string, prefix string, tr
 		s, _ := os.ReadFile(events)
 		return strings.Contains(string(s), "frozen 1")
 	}
+	// Waited for as gpud waits (cgroup.events' notification, read again
+	// after a short wait as the kernel holds notifications back up to 10
+	// ms), not by reading it in a loop: a spinning observer in gpud's own
+	// process took a CPU of two from gpud (the event read's p90 was 3.8 ms
+	// with it).
+	evf, err := os.Open(events)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer evf.Close()
+	waitFrozen := func(deadline time.Time) bool {
+		buf := make([]byte, 256)
+		for {
+			n, _ := unix.Pread(int(evf.Fd()), buf, 0)
+			if strings.Contains(string(buf[:n]), "frozen 1") {
+				return true
+			}
+			if time.Now().After(deadline) {
+				return false
+			}
+			ts := unix.NsecToTimespec((50 * time.Microsecond).Nanoseconds())
+			unix.Ppoll([]unix.PollFd{{Fd: int32(evf.Fd()), Events: unix.POLLPRI}}, &ts, nil)
+		}
+	}
 	// The journal keeps its last 50 records: this trial's freeze is the
 	// one made after it started.
 	freezeSince := func(t time.Time) (float64, bool) {
@@ -583,13 +623,14 @@ func freezeTrials(b *testing.B, d *benchDaemon, gpus []string, prefix string, tr
 		var hfd int
 		start := time.Now()
 		fmt.Sscan(high.do("opentimed %s", gpus[0]), &t0, &hfd)
-		deadline := time.Now().Add(5 * time.Second)
-		for !isFrozen() {
-			if time.Now().After(deadline) {
-				b.Fatalf("trial %d: never frozen", i)
-			}
+		if !waitFrozen(time.Now().Add(5 * time.Second)) {
+			b.Fatalf("trial %d: never frozen", i)
 		}
-		frozen = append(frozen, float64(bpf.MonotonicNow()-t0)/1e3)
+		end := bpf.MonotonicNow()
+		frozen = append(frozen, float64(end-t0)/1e3)
+		for _, s := range st {
+			s.trial(t0, end)
+		}
 		high.do("close %d", hfd)
 		testutil.Eventually(b, 5*time.Second, "thawed", func() bool { return !isFrozen() })
 		testutil.Eventually(b, 5*time.Second, "recorded", func() bool { _, ok := freezeSince(start); return ok })
@@ -597,4 +638,98 @@ func freezeTrials(b *testing.B, d *benchDaemon, gpus []string, prefix string, tr
 		recorded = append(recorded, ms)
 	}
 	return frozen, recorded
+}
+
+// steps collects, per trial, when a preemption reached each of its steps
+// (preempt.Hooks.Step), to say where the time goes: gpud's part (open →
+// signals sent, or → freeze written) is reported apart from the victims'
+// (their exit, their freeze). With GPUD_BENCH_STEPS set, each latency
+// benchmark also prints every step's p50/p90/p99 from the open and the
+// slowest trials step by step.
+type steps struct {
+	mu     sync.Mutex
+	order  []string
+	cur    map[string]uint64
+	trials []map[string]uint64
+}
+
+func traceSteps(b *testing.B) *steps {
+	s := &steps{cur: map[string]uint64{}}
+	preempt.SetHooks(&preempt.Hooks{Step: func(step string, mono uint64) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		// The latest wins: a step reached after a trial ended (its
+		// executor's last ones) is overwritten by the next trial's.
+		s.cur[step] = mono
+		if !slices.Contains(s.order, step) {
+			s.order = append(s.order, step)
+		}
+	}})
+	b.Cleanup(func() {
+		preempt.SetHooks(nil)
+		if os.Getenv("GPUD_BENCH_STEPS") != "" {
+			s.report(b)
+		}
+	})
+	return s
+}
+
+// pct is the p-th percentile of step's time from the open, in µs, over the
+// trials that saw it.
+func (s *steps) pct(step string, p float64) float64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var xs []float64
+	for _, t := range s.trials {
+		if v, ok := t[step]; ok && v >= t["open"] {
+			xs = append(xs, (float64(v)-float64(t["open"]))/1e3)
+		}
+	}
+	if len(xs) == 0 {
+		return 0
+	}
+	return percentile(xs, p)
+}
+
+// trial ends one trial: t0 is the open, end what the benchmark measured.
+func (s *steps) trial(t0, end uint64) {
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.cur["open"], s.cur["end"] = t0, end
+	s.trials = append(s.trials, s.cur)
+	s.cur = map[string]uint64{}
+}
+
+func (s *steps) report(b *testing.B) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	order := append(append([]string{"open"}, s.order...), "end")
+	var lines []string
+	for _, st := range order {
+		var xs []float64
+		for _, t := range s.trials {
+			if v, ok := t[st]; ok && v >= t["open"] {
+				xs = append(xs, (float64(v)-float64(t["open"]))/1e3)
+			}
+		}
+		if len(xs) > 0 {
+			lines = append(lines, fmt.Sprintf("%-15s n=%3d p50 %8.0f µs  p90 %8.0f  p99 %8.0f", st, len(xs), percentile(xs, 50), percentile(xs, 90), percentile(xs, 99)))
+		}
+	}
+	sorted := slices.Clone(s.trials)
+	sort.Slice(sorted, func(i, j int) bool { return sorted[i]["end"]-sorted[i]["open"] > sorted[j]["end"]-sorted[j]["open"] })
+	for _, t := range sorted[:min(5, len(sorted))] {
+		line := "slow trial:"
+		for _, st := range order {
+			if v, ok := t[st]; ok && v >= t["open"] {
+				line += fmt.Sprintf(" %s %.0f", st, (float64(v)-float64(t["open"]))/1e3)
+			}
+		}
+		lines = append(lines, line)
+	}
+	// Not b.Logf: a benchmark's log is cut at ten lines.
+	fmt.Fprintf(os.Stderr, "%s: steps from the open (µs):\n%s\n", b.Name(), strings.Join(lines, "\n"))
 }

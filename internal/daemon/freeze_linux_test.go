@@ -188,6 +188,15 @@ func TestPreemptModeLabelAndPaused(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.WriteFile(filepath.Join(paused, "cgroup.freeze"), []byte("0"), 0o644) })
+	// Frozen, not only asked to freeze: a counter that was in the kernel
+	// (its write of the count) when the freeze was asked writes that count
+	// when it next runs, which on a busy machine can be after the count
+	// below is read (the test failed so, once in -count=3: gpud had
+	// thawed nothing).
+	testutil.Eventually(t, 10*time.Second, "the paused workload frozen", func() bool {
+		b, _ := os.ReadFile(filepath.Join(paused, "cgroup.events"))
+		return strings.Contains(string(b), "frozen 1")
+	})
 	high, _ := classified(t, e.d.Registry(), "high", occupancy.High, "high")
 	h0 := high.doInt("open %s", e.gpus[0].Path)
 	h1 := high.doInt("open %s", e.gpus[1].Path)
@@ -201,7 +210,7 @@ func TestPreemptModeLabelAndPaused(t *testing.T) {
 	high.do("close %d", h1)
 	testutil.Eventually(t, 10*time.Second, "forgotten", func() bool { return len(records(e, preempt.ActionThaw)) > 0 })
 	if from, to := stillCounting(file, 300*time.Millisecond); from != at || to != at {
-		t.Fatal("gpud thawed a workload someone else paused")
+		t.Fatalf("gpud thawed a workload someone else paused: counted %d, then %d, %d", at, from, to)
 	}
 }
 

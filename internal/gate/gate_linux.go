@@ -253,13 +253,24 @@ func (c *Controller) HandleEvent(ev *bpf.Event) {
 		if c.shared(gpu) {
 			return // an event the kernel emitted before it knew: the share rule judges
 		}
+		preempt.StepAt("decision", ev.Mono)
+		preempt.Step("event")
 		c.takeBack(gpu)
 		// Kill first; the preemptor's identity is only for the record.
 		victims := c.lowHolders(gpu, fmt.Sprintf("a high-priority process opened GPU %d", gpu))
 		if len(victims) == 0 {
 			return
 		}
-		c.preempt(gpu, c.opener(ev), victims, c.Wall(ev.Mono))
+		preempt.Step("victims")
+		// The signals are sent before PreemptNow returns; the opener is
+		// read from /proc (its identity, for the records) only after them.
+		// A copy of the event: the tracker reuses it.
+		e := *ev
+		v := preempt.Decide(preempt.Holding{Low: true}, occupancy.High)
+		c.Exec.PreemptNow(c.context(), gpu, v.Rule, c.knownOpener(&e), func() preempt.Party {
+			o := c.opener(&e)
+			return party(o, c.taskID(o))
+		}, victims, c.Wall(ev.Mono))
 	case bpf.EventDeny:
 		opener := c.opener(ev)
 		target := c.workload(opener, fmt.Sprintf("refused GPU %d, held by high priority", gpu))
@@ -287,6 +298,16 @@ func (c *Controller) opener(ev *bpf.Event) occupancy.ProcInfo {
 		info.CgroupID = ev.CgroupID // the waiter's cgroup: covers the whole workload
 	}
 	return info
+}
+
+// knownOpener names the process behind a gate event with what is known
+// without reading /proc: the event's own fields and its cgroup's workload.
+func (c *Controller) knownOpener(ev *bpf.Event) preempt.Party {
+	p := preempt.Party{PID: int(ev.TGID), Comm: ev.Comm, CgroupID: ev.CgroupID}
+	if w, ok := c.Registry.Lookup(occupancy.ProcInfo{CgroupID: ev.CgroupID}); ok {
+		p.ContainerID, p.PodUID, p.TaskID = w.ContainerID, w.PodUID, w.TaskID
+	}
+	return p
 }
 
 // addWaiter queues a denied request; false when that cgroup already waits.
@@ -356,12 +377,12 @@ func (c *Controller) Opened(info occupancy.ProcInfo, gpu int, ev *bpf.Event) {
 	if c.shared(gpu) {
 		return // shared by memory: the share rule judges its holders, not the table
 	}
-	counts := c.Ledger.Counts()[gpu]
+	counts := c.Ledger.CountsOf(gpu)
 	switch info.Priority {
 	case occupancy.High:
 		if c.lent(gpu) {
 			c.takeBack(gpu)                 // the borrower's later opens are refused again
-			counts = c.Ledger.Counts()[gpu] // the borrower may have just been classified
+			counts = c.Ledger.CountsOf(gpu) // the borrower may have just been classified
 		}
 		if counts.Low > 0 {
 			c.preempt(gpu, info, c.lowHolders(gpu, fmt.Sprintf("a high-priority process opened GPU %d", gpu)), c.Wall(ev.Mono))

@@ -194,3 +194,24 @@ func TestRefreshCommsForgetsRoot(t *testing.T) {
 		t.Errorf("after a rename: %+v, want the new name and not root", p)
 	}
 }
+
+// CountsOf is Counts()[gpu] for every GPU: holders by class, agents and
+// unclassified holders left out, a process holding several GPUs counted
+// on each.
+func TestCountsOfIsCountsOfOneGPU(t *testing.T) {
+	l := NewLedger(testGPUs(3), time.Minute)
+	l.AddFD(ProcInfo{PID: 20, StartTime: 1, Priority: High}, 0, 3, t0)
+	l.AddFD(ProcInfo{PID: 20, StartTime: 1, Priority: High}, 1, 4, t0)
+	l.AddFD(ProcInfo{PID: 21, StartTime: 1, Priority: Low}, 0, 3, t0)
+	l.AddFD(ProcInfo{PID: 21, StartTime: 1, Priority: Low}, 0, 5, t0)
+	l.AddFD(ProcInfo{PID: 22, StartTime: 1, Priority: Low}, 1, 3, t0)
+	l.AddFD(ProcInfo{PID: 23, StartTime: 1, Priority: Unclassified}, 1, 3, t0)
+	l.AddFD(agentInfo(24, "dcgm-exporter"), 2, 3, t0)
+	want := map[int]ClassCounts{0: {High: 1, Low: 1}, 1: {High: 1, Low: 1}, 2: {}}
+	all := l.Counts()
+	for gpu, w := range want {
+		if got := l.CountsOf(gpu); got != w || got != all[gpu] {
+			t.Errorf("CountsOf(%d) = %+v, Counts()[%d] = %+v; want %+v", gpu, got, gpu, all[gpu], w)
+		}
+	}
+}

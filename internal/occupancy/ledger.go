@@ -654,6 +654,29 @@ func (l *Ledger) Counts() map[int]ClassCounts {
 	return out
 }
 
+// CountsOf returns gpu's holders by class: Counts()[gpu] without building
+// every GPU's (it is asked on every GPU open).
+func (l *Ledger) CountsOf(gpu int) ClassCounts {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var c ClassCounts
+	for _, p := range l.procs {
+		if p.info.Agent {
+			continue
+		}
+		if _, ok := p.holds[gpu]; !ok {
+			continue
+		}
+		switch p.info.Priority {
+		case High:
+			c.High++
+		case Low:
+			c.Low++
+		}
+	}
+	return c
+}
+
 // Reclassify re-derives every holder's priority with classify (a workload
 // was classified after its processes opened a GPU).
 func (l *Ledger) Reclassify(classify func(*ProcInfo)) {

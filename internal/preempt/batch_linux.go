@@ -49,8 +49,34 @@ type victimKill struct {
 // afterSignal, when set, runs once the first signals are sent (the thaw
 // of a frozen workload being killed).
 func (e *Executor) killAll(gpu int, rule string, preemptor Party, victims []Victim, decided time.Time, afterSignal func()) {
-	if len(victims) == 0 {
+	kb := e.signalAll(gpu, rule, preemptor, victims, decided)
+	if kb == nil {
 		return
+	}
+	if afterSignal != nil {
+		afterSignal()
+	}
+	kb.finish(nil)
+}
+
+// killBatch is one decision's kills between their signals (signalAll) and
+// their outcomes (finish).
+type killBatch struct {
+	e         *Executor
+	gpu       int
+	rule      string
+	decided   time.Time
+	grace     time.Duration
+	firstName string
+	ks        []*victimKill
+}
+
+// signalAll does steps 1 to 3 of killAll: every victim checked, the
+// intents journaled, the first signals sent. nil when there are no victims.
+// The caller calls finish.
+func (e *Executor) signalAll(gpu int, rule string, preemptor Party, victims []Victim, decided time.Time) *killBatch {
+	if len(victims) == 0 {
+		return nil
 	}
 	grace := e.grace()
 	first, firstName := unix.SIGKILL, "SIGKILL"
@@ -66,6 +92,95 @@ func (e *Executor) killAll(gpu int, rule string, preemptor Party, victims []Vict
 		}
 		ks[i] = &victimKill{v: v, rec: rec, pidfd: -1}
 	}
+	kb := &killBatch{e: e, gpu: gpu, rule: rule, decided: decided, grace: grace, firstName: firstName, ks: ks}
+
+	// 1. Identity.
+	parallel(len(ks), func(i int) {
+		k := ks[i]
+		beforeKill(k.v)
+		k.pidfd, k.err = openChecked(e.ProcRoot, k.v.ProcInfo)
+	})
+	Step("identity")
+
+	// 2. Intents, together, before the first signal.
+	var intents []Record
+	for _, k := range ks {
+		if k.err == nil {
+			r := k.rec
+			r.Result = ResultPending
+			intents = append(intents, r)
+		}
+	}
+	if e.Journal != nil {
+		if err := e.Journal.NoteAll(intents); err != nil {
+			e.log().Warn("journaling the kills' intents", "victims", len(intents), "error", err)
+		}
+	}
+	Step("intents")
+	if grace > 0 {
+		for _, k := range ks {
+			if k.err == nil {
+				kb.notice(k, writeNoticeVisible)
+			}
+		}
+	}
+
+	// 3. Each victim's last checks, for all of them, then the signals in
+	// one tight loop: checking while the first victims die would put the
+	// kernel's and gpud's work on their exits between the later checks.
+	parallel(len(ks), func(i int) {
+		k := ks[i]
+		if k.err != nil {
+			return
+		}
+		if err := e.stillVictim(gpu, k.v); err != nil {
+			k.err = fmt.Errorf("%w: %w", ErrNotSameProcess, err)
+		}
+	})
+	Step("checked")
+	for _, k := range ks {
+		if k.err != nil {
+			continue
+		}
+		if err := unix.PidfdSendSignal(k.pidfd, first, nil, 0); err != nil {
+			if errors.Is(err, unix.ESRCH) {
+				k.err = ErrGone
+			} else {
+				k.err = fmt.Errorf("preempt: %s %d: %w", firstName, k.v.PID, err)
+			}
+			continue
+		}
+		k.sig = firstName
+	}
+	Step("signalled")
+	return kb
+}
+
+// notice writes a victim's checkpoint notice. It is for the task's next
+// start, and, with a grace period, for the task itself before it dies. It
+// is never written durably before the kill: two fsyncs would put
+// milliseconds (tens under I/O load) between the decision and the signal.
+// With a grace period it is made visible first and durable after; without
+// one the task cannot read it anyway, and it is written after the kill.
+func (kb *killBatch) notice(k *victimKill, write func(string, Notice) (string, error)) {
+	e := kb.e
+	if e.CheckpointRoot == "" || k.v.TaskID == "" {
+		return
+	}
+	if _, err := write(e.CheckpointRoot, Notice{
+		Time: k.rec.Time, GPU: kb.gpu, Reason: kb.rule, Signal: kb.firstName, GraceSec: kb.grace.Seconds(),
+		TaskID: k.v.TaskID, RecordID: k.rec.ID,
+	}); err != nil {
+		e.log().Warn("writing checkpoint notice", "task_id", k.v.TaskID, "error", err)
+	}
+}
+
+// finish does steps 4 and 5 of killAll: the victims confirmed dead (the
+// survivors of a grace period killed), the outcomes journaled. preemptor,
+// when set, names the preemptor in the outcomes (the intents had what was
+// known without reading /proc).
+func (kb *killBatch) finish(preemptor func() Party) {
+	e, ks, gpu := kb.e, kb.ks, kb.gpu
 	defer func() {
 		for _, k := range ks {
 			if k.pidfd >= 0 {
@@ -83,82 +198,6 @@ func (e *Executor) killAll(gpu int, rule string, preemptor Party, victims []Vict
 		e.mu.Unlock()
 	}()
 
-	// 1. Identity.
-	parallel(len(ks), func(i int) {
-		k := ks[i]
-		beforeKill(k.v)
-		k.pidfd, k.err = openChecked(e.ProcRoot, k.v.ProcInfo)
-	})
-
-	// 2. Intents, together, before the first signal.
-	var intents []Record
-	for _, k := range ks {
-		if k.err == nil {
-			r := k.rec
-			r.Result = ResultPending
-			intents = append(intents, r)
-		}
-	}
-	if e.Journal != nil {
-		if err := e.Journal.NoteAll(intents); err != nil {
-			e.log().Warn("journaling the kills' intents", "victims", len(intents), "error", err)
-		}
-	}
-	// The checkpoint notice is for the task's next start, and,
-	// with a grace period, for the task itself before it dies. It is never
-	// written durably before the kill: two fsyncs would put milliseconds
-	// (tens under I/O load) between the decision and the signal. With a
-	// grace period it is made visible first and durable after; without
-	// one the task cannot read it anyway, and it is written after the kill.
-	notice := func(k *victimKill, write func(string, Notice) (string, error)) {
-		if e.CheckpointRoot == "" || k.v.TaskID == "" {
-			return
-		}
-		if _, err := write(e.CheckpointRoot, Notice{
-			Time: k.rec.Time, GPU: gpu, Reason: rule, Signal: firstName, GraceSec: grace.Seconds(),
-			TaskID: k.v.TaskID, RecordID: k.rec.ID,
-		}); err != nil {
-			e.log().Warn("writing checkpoint notice", "task_id", k.v.TaskID, "error", err)
-		}
-	}
-	if grace > 0 {
-		for _, k := range ks {
-			if k.err == nil {
-				notice(k, writeNoticeVisible)
-			}
-		}
-	}
-
-	// 3. Each victim's last checks, for all of them, then the signals in
-	// one tight loop: checking while the first victims die would put the
-	// kernel's and gpud's work on their exits between the later checks.
-	parallel(len(ks), func(i int) {
-		k := ks[i]
-		if k.err != nil {
-			return
-		}
-		if err := e.stillVictim(gpu, k.v); err != nil {
-			k.err = fmt.Errorf("%w: %w", ErrNotSameProcess, err)
-		}
-	})
-	for _, k := range ks {
-		if k.err != nil {
-			continue
-		}
-		if err := unix.PidfdSendSignal(k.pidfd, first, nil, 0); err != nil {
-			if errors.Is(err, unix.ESRCH) {
-				k.err = ErrGone
-			} else {
-				k.err = fmt.Errorf("preempt: %s %d: %w", firstName, k.v.PID, err)
-			}
-			continue
-		}
-		k.sig = firstName
-	}
-	if afterSignal != nil {
-		afterSignal()
-	}
-
 	// 4. Confirmed dead.
 	var signalled []*victimKill
 	for _, k := range ks {
@@ -166,8 +205,8 @@ func (e *Executor) killAll(gpu int, rule string, preemptor Party, victims []Vict
 			signalled = append(signalled, k)
 		}
 	}
-	if grace > 0 {
-		waitAll(signalled, grace)
+	if kb.grace > 0 {
+		waitAll(signalled, kb.grace)
 		for _, k := range signalled {
 			if k.dead {
 				continue
@@ -182,17 +221,25 @@ func (e *Executor) killAll(gpu int, rule string, preemptor Party, victims []Vict
 		}
 	}
 	waitAll(signalled, 5*time.Second)
+	Step("dead")
 
 	// 5. Outcomes, in one write and one fsync.
+	var by Party
+	if preemptor != nil && len(ks) > 0 {
+		by = preemptor()
+	}
 	recs := make([]Record, 0, len(ks))
 	for _, k := range ks {
 		rec := k.rec
+		if preemptor != nil {
+			rec.Preemptor = by
+		}
 		rec.Signal = k.sig
 		at := time.Now()
 		if k.dead {
 			at = k.deadAt
 		}
-		rec.LatencyMS = float64(at.Sub(decided).Microseconds()) / 1000
+		rec.LatencyMS = float64(at.Sub(kb.decided).Microseconds()) / 1000
 		err := k.err
 		if err == nil && k.sig != "" && !k.dead {
 			err = ErrStillAlive
@@ -206,10 +253,10 @@ func (e *Executor) killAll(gpu int, rule string, preemptor Party, victims []Vict
 			rec.Result = err.Error()
 		}
 		if k.sig != "" { // signalled: not for a victim that moved or was gone
-			notice(k, WriteNotice)
+			kb.notice(k, WriteNotice)
 		}
 		e.log().Info("preempted", "gpu", gpu, "victim_pid", k.v.PID, "victim_container", k.v.ContainerID,
-			"preemptor_pid", preemptor.PID, "signal", rec.Signal, "result", rec.Result, "latency_ms", rec.LatencyMS,
+			"preemptor_pid", rec.Preemptor.PID, "signal", rec.Signal, "result", rec.Result, "latency_ms", rec.LatencyMS,
 			"reason", errString(err))
 		recs = append(recs, rec)
 	}
@@ -271,10 +318,16 @@ func waitAll(ks []*victimKill, d time.Duration) {
 	}
 }
 
-// parallel runs f(0..n-1) on up to batchWorkers goroutines.
+// inlineVictims is how many victims' checks are done one after another on
+// the caller's goroutine: for a few, starting goroutines (and waiting for
+// the scheduler to run them) costs more than the /proc reads they share.
+const inlineVictims = 4
+
+// parallel runs f(0..n-1) on up to batchWorkers goroutines (on the
+// caller's for up to inlineVictims).
 func parallel(n int, f func(i int)) {
 	workers := min(n, batchWorkers)
-	if workers <= 1 {
+	if n <= inlineVictims {
 		for i := 0; i < n; i++ {
 			f(i)
 		}

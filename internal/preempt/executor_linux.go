@@ -109,6 +109,24 @@ type deadKey struct {
 // already being killed are skipped. done, when non-nil, is closed once every
 // victim is confirmed dead (or could not be).
 func (e *Executor) Preempt(ctx context.Context, gpu int, rule string, preemptor Party, victims []Victim, decided time.Time, done chan<- struct{}) {
+	e.preempt(ctx, gpu, rule, preemptor, nil, victims, decided, done, false)
+}
+
+// PreemptNow is Preempt for a decision the gate took on an open, called
+// from the event loop: the victims to kill are checked and signalled, and
+// the workloads to freeze asked to freeze, before it returns, on the
+// caller's goroutine (no goroutine to be scheduled between the decision
+// and the action); the waits, the records and the reclaims go on
+// asynchronously, as do checkpoint mode's freezes (a CUDA lock can take
+// seconds). known names
+// the preemptor in the intents with what was known without reading /proc;
+// preemptor, asked after the signals, names it in the records.
+func (e *Executor) PreemptNow(ctx context.Context, gpu int, rule string, known Party, preemptor func() Party, victims []Victim, decided time.Time) {
+	e.preempt(ctx, gpu, rule, known, preemptor, victims, decided, nil, true)
+}
+
+func (e *Executor) preempt(ctx context.Context, gpu int, rule string, known Party, preemptor func() Party, victims []Victim, decided time.Time, done chan<- struct{}, signalNow bool) {
+	Step("preempt")
 	e.mu.Lock()
 	if e.killing == nil {
 		e.killing = map[int]bool{}
@@ -143,24 +161,54 @@ func (e *Executor) Preempt(ctx context.Context, gpu int, rule string, preemptor 
 		}
 	}
 	e.mu.Unlock()
+	var freeze, kill []Victim
+	for _, v := range mine {
+		if m := e.mode(v); m == ModeFreeze || m == ModeCheckpoint {
+			freeze = append(freeze, v)
+		} else {
+			kill = append(kill, v)
+		}
+	}
+	// The signals first, the preemptor's identity after: it is only for
+	// the records.
+	var first *killBatch
+	var frozen *freezeBatch
+	if signalNow {
+		first = e.signalAll(gpu, rule, known, kill, decided)
+		if len(freeze) > 0 && !e.needsCheckpoint(freeze) {
+			frozen = e.startFreezes(gpu, rule, freeze, decided)
+		}
+	}
 	e.wg.Add(1)
 	go func() {
 		defer e.wg.Done()
-		var freeze, kill []Victim
-		for _, v := range mine {
-			if m := e.mode(v); m == ModeFreeze || m == ModeCheckpoint {
-				freeze = append(freeze, v)
-			} else {
-				kill = append(kill, v)
+		Step("worker")
+		who := sync.OnceValue(func() Party {
+			if preemptor == nil {
+				return known
 			}
+			return preemptor()
+		})
+		if first != nil {
+			first.finish(who)
 		}
-		if len(freeze) > 0 {
-			kill = append(kill, e.freezeAll(gpu, rule, preemptor, freeze, decided)...)
+		var fallback []Victim
+		switch {
+		case frozen != nil:
+			fallback = frozen.finish(who)
+		case len(freeze) > 0:
+			fallback = e.freezeAll(gpu, rule, who, freeze, decided)
 		}
-		mine = kill
-		e.killAll(gpu, rule, preemptor, mine, decided, nil)
+		if first == nil {
+			fallback = append(kill, fallback...)
+		}
+		e.killAll(gpu, rule, who(), fallback, decided, nil)
 		if done != nil {
 			close(done)
+		}
+		mine = fallback
+		if first != nil {
+			mine = append(kill[:len(kill):len(kill)], fallback...)
 		}
 		// Containers after processes: the GPU is free as soon as the
 		// processes are dead; stopping a container takes longer.
@@ -168,7 +216,7 @@ func (e *Executor) Preempt(ctx context.Context, gpu int, rule string, preemptor 
 		for _, v := range mine {
 			if k := v.Workload.Key(); k != "" && !seen[k] {
 				seen[k] = true
-				e.reclaim(ctx, gpu, v.Workload, v.TaskID, preemptor)
+				e.reclaim(ctx, gpu, v.Workload, v.TaskID, who())
 			}
 		}
 	}()

@@ -100,18 +100,60 @@ func (e *Executor) suspendedLocked(pid int) *suspension {
 // place checked as for a kill); it returns the victims it could not
 // freeze, for the caller to kill: no freezable cgroup, or a freeze that
 // did not complete in time.
-func (e *Executor) freezeAll(gpu int, rule string, preemptor Party, victims []Victim, decided time.Time) (kill []Victim) {
+//
+// preemptor is asked once the first workload is frozen (it may read
+// /proc: not before the freeze).
+func (e *Executor) freezeAll(gpu int, rule string, preemptor func() Party, victims []Victim, decided time.Time) (kill []Victim) {
+	return e.startFreezes(gpu, rule, victims, decided).finish(preemptor)
+}
+
+// freezeBatch is one decision's freezes between their writes
+// (startFreezes) and their completion (finish).
+type freezeBatch struct {
+	e       *Executor
+	gpu     int
+	rule    string
+	decided time.Time
+	groups  []*freezeGroup
+	kill    []Victim // not frozen: for the caller to kill
+}
+
+// freezeGroup is one workload cgroup of a batch.
+type freezeGroup struct {
+	fz      *cgroups.Freezer
+	victims []Victim
+	s       *suspension
+	now     time.Time
+	result  string
+	ckpt    []int
+	paused  bool  // frozen by someone else: left as it is
+	err     error // the freeze's write failed
+}
+
+// needsCheckpoint reports whether a victim is preempted in checkpoint
+// mode (its CUDA lock may take seconds: never on the event loop).
+func (e *Executor) needsCheckpoint(victims []Victim) bool {
+	for _, v := range victims {
+		if e.mode(v) == ModeCheckpoint {
+			return true
+		}
+	}
+	return false
+}
+
+// startFreezes checks the victims, finds their workloads' freezers and
+// asks each to freeze (after the CUDA checkpoints in checkpoint mode); the
+// caller calls finish.
+func (e *Executor) startFreezes(gpu int, rule string, victims []Victim, decided time.Time) *freezeBatch {
+	fb := &freezeBatch{e: e, gpu: gpu, rule: rule, decided: decided}
 	root, err := e.cgroupRoot()
 	if err != nil {
 		e.log().Warn("no cgroup v2 hierarchy: killing instead of freezing", "error", err)
-		return victims
-	}
-	type group struct {
-		fz      *cgroups.Freezer
-		victims []Victim
+		fb.kill = victims
+		return fb
 	}
 	var order []string
-	groups := map[string]*group{}
+	groups := map[string]*freezeGroup{}
 	// Each victim checked (identity, still holding, still in its
 	// workload) and its workload's freezer found, a few at once.
 	fzs := make([]*cgroups.Freezer, len(victims))
@@ -130,6 +172,7 @@ func (e *Executor) freezeAll(gpu int, rule string, preemptor Party, victims []Vi
 		}
 		errs[i] = err
 	})
+	Step("checked")
 	for i, v := range victims {
 		fz, err := fzs[i], errs[i]
 		if err != nil {
@@ -139,12 +182,12 @@ func (e *Executor) freezeAll(gpu int, rule string, preemptor Party, victims []Vi
 				continue
 			}
 			e.log().Warn("cannot freeze: killing instead", "gpu", gpu, "victim_pid", v.PID, "error", err)
-			kill = append(kill, v)
+			fb.kill = append(fb.kill, v)
 			continue
 		}
 		g := groups[fz.Path]
 		if g == nil {
-			g = &group{fz: fz}
+			g = &freezeGroup{fz: fz}
 			groups[fz.Path] = g
 			order = append(order, fz.Path)
 		} else {
@@ -152,7 +195,6 @@ func (e *Executor) freezeAll(gpu int, rule string, preemptor Party, victims []Vi
 		}
 		g.victims = append(g.victims, v)
 	}
-	var recs []Record
 	for _, path := range order {
 		g := groups[path]
 		e.mu.Lock()
@@ -169,66 +211,88 @@ func (e *Executor) freezeAll(gpu int, rule string, preemptor Party, victims []Vi
 			continue
 		}
 		e.mu.Unlock()
-		now := time.Now()
-		s = &suspension{path: path, kind: g.fz.Kind, since: now.UTC(), resumeAfter: now.Add(minSuspended), gpus: map[int]bool{gpu: true},
-			victims: g.victims, rule: rule, reason: g.victims[0].Workload.Reason, preemptor: preemptor}
-		result := "done"
+		g.now = time.Now()
+		g.s = &suspension{path: path, kind: g.fz.Kind, since: g.now.UTC(), resumeAfter: g.now.Add(minSuspended), gpus: map[int]bool{gpu: true},
+			victims: g.victims, rule: rule, reason: g.victims[0].Workload.Reason}
+		g.result = "done"
 		paused, err := g.fz.Paused()
 		switch {
 		case err != nil:
 			g.fz.Close()
 			e.log().Warn("cannot read the freezer: killing instead", "cgroup", path, "error", err)
-			kill = append(kill, g.victims...)
+			fb.kill = append(fb.kill, g.victims...)
 			continue
 		case paused:
 			// `docker pause` or an admin froze it: not gpud's to thaw or
 			// to kill; it holds its GPU memory but runs nothing.
 			g.fz.Close()
-			result = "paused by someone else: left as it is"
+			g.paused = true
+			g.result = "paused by someone else: left as it is"
 		default:
 			ckpt, killGroup, note := e.checkpointGroup(g.victims)
 			if killGroup {
 				g.fz.Close()
 				e.log().Warn("checkpoint mode: killing instead", "cgroup", path, "why", note)
-				kill = append(kill, g.victims...)
+				fb.kill = append(fb.kill, g.victims...)
 				continue
 			}
 			if note != "" {
-				result = "done; " + note
+				g.result = "done; " + note
 			}
-			s.checkpointed = ckpt
-			for i := range s.victims {
-				if slices.Contains(ckpt, s.victims[i].PID) {
-					s.victims[i].Released = true
+			g.ckpt = ckpt
+			for i := range g.s.victims {
+				if slices.Contains(ckpt, g.s.victims[i].PID) {
+					g.s.victims[i].Released = true
 				}
 			}
-			err := g.fz.Freeze()
+			g.err = g.fz.Freeze()
+			Step("freeze-written")
+		}
+		fb.groups = append(fb.groups, g)
+	}
+	return fb
+}
+
+// finish waits for each workload to be frozen (one that is not in time is
+// thawed and its victims killed instead), records the suspensions, and
+// returns the victims for the caller to kill.
+func (fb *freezeBatch) finish(preemptor func() Party) (kill []Victim) {
+	e, gpu, rule := fb.e, fb.gpu, fb.rule
+	kill = fb.kill
+	var recs []Record
+	for _, g := range fb.groups {
+		s, path := g.s, g.s.path
+		if !g.paused {
+			err := g.err
 			if err == nil {
 				err = g.fz.WaitFrozen(e.freezeWait())
 			}
+			Step("frozen")
 			if err != nil {
 				if terr := g.fz.Thaw(); terr != nil {
 					e.log().Error("thawing a failed freeze", "cgroup", path, "error", terr)
 				}
-				e.restore(ckpt)
+				e.restore(g.ckpt)
 				g.fz.Close()
 				e.log().Warn("freeze failed: killing instead", "cgroup", path, "error", err)
 				kill = append(kill, g.victims...)
 				continue
 			}
 			s.fz = g.fz
+			s.checkpointed = g.ckpt
 		}
 		frozenAt := time.Now()
+		s.preemptor = preemptor()
 		for _, v := range g.victims {
-			rec := Record{Time: s.since, GPU: gpu, Action: ActionFreeze, Rule: rule, Preemptor: preemptor,
-				Victim: party(v), Cgroup: path, Result: result,
-				LatencyMS: float64(frozenAt.Sub(decided).Microseconds()) / 1000}
+			rec := Record{Time: s.since, GPU: gpu, Action: ActionFreeze, Rule: rule, Preemptor: s.preemptor,
+				Victim: party(v), Cgroup: path, Result: g.result,
+				LatencyMS: float64(frozenAt.Sub(fb.decided).Microseconds()) / 1000}
 			if e.Journal != nil {
-				rec.ID = e.Journal.NewID(now)
+				rec.ID = e.Journal.NewID(g.now)
 			}
 			recs = append(recs, rec)
 			e.log().Info("preempted: frozen", "gpu", gpu, "victim_pid", v.PID, "victim_container", v.ContainerID,
-				"cgroup", path, "freezer", g.fz.Kind, "result", result, "latency_ms", rec.LatencyMS)
+				"cgroup", path, "freezer", g.fz.Kind, "result", g.result, "latency_ms", rec.LatencyMS)
 		}
 		e.mu.Lock()
 		held := e.held
@@ -241,7 +305,7 @@ func (e *Executor) freezeAll(gpu int, rule string, preemptor Party, victims []Vi
 		}
 		e.susp[path] = s
 		if s.fz != nil && e.MaxFrozen > 0 {
-			s.killAt = now.Add(e.MaxFrozen)
+			s.killAt = g.now.Add(e.MaxFrozen)
 			s.timer = time.AfterFunc(e.MaxFrozen, func() { e.frozenTooLong(path, s) })
 		}
 		for _, v := range g.victims {

@@ -1,6 +1,10 @@
 package preempt
 
-import "sync/atomic"
+import (
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+)
 
 // Hooks stop the executor between a decision and its action, so that tests
 // can make a race with the victim deterministic (the victim exits and its
@@ -15,6 +19,10 @@ type Hooks struct {
 	// AfterReclaim runs when a reclaim of t has ended (err nil: reclaimed,
 	// or already gone).
 	AfterReclaim func(t Target, err error)
+	// Step is told each step of a preemption as it is reached, with
+	// CLOCK_MONOTONIC ns (the gate event's clock): where a preemption's
+	// time goes, for the latency benchmarks.
+	Step func(step string, mono uint64)
 }
 
 var hooks atomic.Pointer[Hooks]
@@ -38,5 +46,23 @@ func beforeReclaim(t Target) {
 func afterReclaim(t Target, err error) {
 	if h := hooks.Load(); h != nil && h.AfterReclaim != nil {
 		h.AfterReclaim(t, err)
+	}
+}
+
+// StepAt tells the Step hook that a preemption reached step at mono
+// (CLOCK_MONOTONIC ns; the gate's decision, taken in the kernel).
+func StepAt(step string, mono uint64) {
+	if h := hooks.Load(); h != nil && h.Step != nil {
+		h.Step(step, mono)
+	}
+}
+
+// Step tells the Step hook that a preemption reached step (the gate's
+// controller calls it too): one atomic load without hooks.
+func Step(step string) {
+	if h := hooks.Load(); h != nil && h.Step != nil {
+		var ts unix.Timespec
+		_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+		h.Step(step, uint64(ts.Nano()))
 	}
 }
