@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"unsafe"
 )
 
@@ -22,10 +23,20 @@ const (
 	// From the gate, at decision time (before the open completes):
 	EventGateHigh EventType = 7 // a high-priority open of a GPU with low holders was let through
 	EventDeny     EventType = 8 // a low-priority open was refused (EPERM)
+	// From the driver hooks: a GPU file's last reference went (its
+	// driver's release); reconcile the GPU's holders.
+	EventRelease EventType = 9
 
 	// EventTypes is one more than the largest type (arrays indexed by type).
-	EventTypes = 9
+	EventTypes = 10
 )
+
+// FDUnknown is EventOpen's FD when the hook saw the file before it had an
+// fd (the driver's open, receive_fd): the process's fd table says which
+// (FD_UNKNOWN in headers/gpud.h).
+const FDUnknown int32 = math.MinInt32
+
+const ()
 
 func (t EventType) String() string {
 	switch t {
@@ -45,6 +56,8 @@ func (t EventType) String() string {
 		return "gate-high"
 	case EventDeny:
 		return "deny"
+	case EventRelease:
+		return "release"
 	}
 	return fmt.Sprintf("EventType(%d)", uint32(t))
 }
@@ -92,7 +105,7 @@ func DecodeEvent(raw []byte, ev *Event) error {
 	// binary.Decode costs more than the rest of the event's handling.
 	ne := binary.NativeEndian
 	typ := ne.Uint32(raw[16:])
-	if typ < uint32(EventOpen) || typ > uint32(EventDeny) {
+	if typ < uint32(EventOpen) || typ > uint32(EventRelease) {
 		return fmt.Errorf("%w: unknown type %d", ErrBadEvent, typ)
 	}
 	comm := raw[40:56]
