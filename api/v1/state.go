@@ -58,6 +58,23 @@ type StateFile struct {
 	// LeftAlone are GPUs gpud found and does not manage (MIG enabled):
 	// neither judged by the gate nor lent. Absent when none.
 	LeftAlone []StateLeftAlone `json:"left_alone,omitempty"`
+	// Hooks says how the kernel side observes GPU fds (--hooks); absent in
+	// files of gpuds before it.
+	Hooks *StateHooks `json:"hooks,omitempty"`
+}
+
+// StateHooks is the kernel hooks' mode and what is attached.
+type StateHooks struct {
+	// Mode: "driver" (the gate, process events and the driver's release:
+	// nothing on the syscall path) or "syscalls" (sys_enter/sys_exit:
+	// every syscall of the node pays).
+	Mode string `json:"mode"`
+	// Complete: every change of a GPU fd is reported by an event; false
+	// when some hook is missing, whose changes are found by re-reading
+	// holders' fd tables (Missing says which and why).
+	Complete bool     `json:"complete"`
+	Attached []string `json:"attached,omitempty"`
+	Missing  []string `json:"missing,omitempty"`
 }
 
 // StateNVML is where NVML came from.

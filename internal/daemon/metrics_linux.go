@@ -75,6 +75,9 @@ func (d *Daemon) metricsSnapshot() metrics.Snapshot {
 	s.JournalWriteFailures, s.JournalPending = jh.Failures, jh.Pending
 	s.GPUs, s.Lent = metrics.GPUsOf(f, now, d.holderNames)
 	s.NVML = d.nvml != nil
+	if f.Hooks != nil {
+		s.HooksMode, s.HooksComplete = f.Hooks.Mode, f.Hooks.Complete
+	}
 	s.LeftAlone = map[string]int{}
 	for _, g := range f.LeftAlone {
 		s.LeftAlone[g.Reason]++

@@ -78,6 +78,10 @@ type Snapshot struct {
 	// counts GPUs gpud does not manage, by reason.
 	NVML      bool
 	LeftAlone map[string]int
+	// HooksMode is how GPU fds are observed (driver, syscalls);
+	// HooksComplete: every change is reported by an event.
+	HooksMode     string
+	HooksComplete bool
 }
 
 // GPULabels are a GPU's labels, as dcgm-exporter names them.
@@ -131,6 +135,7 @@ type Metrics struct {
 	gpuEnforced                                       *prometheus.Desc
 	memTotal, memUsed, workloadMem, healthy, healthEv *prometheus.Desc
 	nvml, leftAlone, lendable                         *prometheus.Desc
+	hooks                                             *prometheus.Desc
 }
 
 func desc(name, help string, labels ...string) *prometheus.Desc {
@@ -184,6 +189,7 @@ func New(version string, src Source) *Metrics {
 		lendable:        desc("gpu_lendable", "1 while the GPU may be lent (idle, healthy, enough free memory); the state file's not_lendable says why not. Only with lending on.", "gpu", "UUID", "device"),
 		nvml:            desc("nvml_available", "1 while gpud reads NVML (activity from compute, memory, MIG, health); 0: activity from GPU opens only."),
 		leftAlone:       desc("gpus_left_alone", "GPUs gpud found and does not manage (neither gate nor lending), by reason.", "reason"),
+		hooks:           desc("kernel_hooks", "1 for the way GPU fds are observed: mode driver (nothing on the syscall path) or syscalls (every syscall on the node pays); complete false: some changes are found only by re-reading holders' fd tables.", "mode", "complete"),
 		gpuEnforced:     desc("gpu_enforced", "1 while the kernel gate applies the priority rules to the GPU's opens; 0 under --enforce=false, with monitoring off, or when the gate cannot protect this GPU (see gpud's log).", "gpu", "UUID", "device"),
 	}
 	m.reg.MustRegister(m.opens, m.preemptions, m.latency, m.buildInfo, collector{m},
@@ -222,7 +228,7 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{m.gpuInfo, m.gpuState, m.idle, m.holders, m.workloadHolders,
 		m.events, m.dropped, m.resyncs, m.registered, m.regs, m.lent, m.malformed, m.monitoring, m.enforcing, m.gpuEnforced,
 		m.stateFailures, m.journalFailures, m.journalPending,
-		m.memTotal, m.memUsed, m.workloadMem, m.healthy, m.healthEv, m.nvml, m.leftAlone, m.lendable} {
+		m.memTotal, m.memUsed, m.workloadMem, m.healthy, m.healthEv, m.nvml, m.leftAlone, m.lendable, m.hooks} {
 		ch <- d
 	}
 }
@@ -301,6 +307,9 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	counter(m.journalFailures, s.JournalWriteFailures)
 	gauge(m.journalPending, float64(s.JournalPending))
 	gauge(m.nvml, b2f(s.NVML))
+	if s.HooksMode != "" {
+		gauge(m.hooks, 1, s.HooksMode, strconv.FormatBool(s.HooksComplete))
+	}
 	for _, r := range slices.Sorted(maps.Keys(s.LeftAlone)) {
 		gauge(m.leftAlone, float64(s.LeftAlone[r]), r)
 	}
