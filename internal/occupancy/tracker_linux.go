@@ -167,6 +167,9 @@ func (t *Tracker) resolveOpen(i int, now time.Time) {
 	pid := int(po.ev.TGID)
 	at := t.Wall(po.ev.Mono)
 	done := func() { t.opening = append(t.opening[:i], t.opening[i+1:]...) }
+	// Asked before the fd table is read: an open that had returned by then
+	// has its fd in the table the read finds.
+	opening := t.Proc.Opening(pid, int(po.ev.PID))
 	pf, err := t.Proc.Scan(pid)
 	switch {
 	case errors.Is(err, ErrNoProcess):
@@ -187,9 +190,11 @@ func (t *Tracker) resolveOpen(i int, now time.Time) {
 		done()
 		return
 	}
-	if po.tries >= len(openRetry) {
-		// The open failed after the gate let it through (the driver
-		// refused it), or it was an access() check: nothing to hold.
+	if po.tries >= len(openRetry) || (err == nil && !opening) {
+		// The open has returned without leaving the GPU open: it failed
+		// after the gate let it through (the driver refused it), the file
+		// was closed already, or it was an access() check. Nothing to
+		// hold; the fd table read says what the process holds.
 		if err == nil {
 			if t.Classify != nil && len(pf.FDs) > 0 {
 				t.Classify(&pf.Info)
