@@ -13,6 +13,12 @@
 // Close, fork, exec, exit and dup observers first look the process up in
 // `holders` (processes known to hold, or to have held, a GPU fd) and return
 // at once for everybody else.
+//
+// That is --hooks syscalls, whose sys_enter/sys_exit programs make every
+// syscall on the node take the tracepoint slow path. --hooks driver loads
+// neither: the gate reports GPU opens itself (report_opens), and kprobes on
+// the driver's release and on receive_fd, which run for nothing else, report
+// last closes and passed fds.
 
 #include "headers/gpud.h"
 

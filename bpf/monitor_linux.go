@@ -137,8 +137,11 @@ type Monitor struct {
 }
 
 // Load loads gpud's programs into the kernel and attaches them: the
-// BTF tracepoint observers (sys_enter/sys_exit, fork/exec/exit) and the
-// cgroup/dev program at opts.CgroupRoot.
+// cgroup/dev program at opts.CgroupRoot, the fork/exec/exit tracepoints and,
+// by opts.Hooks, the sys_enter/sys_exit observers (HooksSyscalls, loaded
+// with the core in one pass as before) or the driver kprobes (HooksDriver:
+// loaded apart on the core's maps, each attached where its symbol exists;
+// what is missing is reported by Hooks, never an error).
 // Nothing is reported until SetGPUs names the GPU device numbers.
 func Load(opts Options) (*Monitor, error) {
 	if opts.CgroupRoot == "" {
