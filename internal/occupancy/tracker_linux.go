@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -184,6 +185,10 @@ func (t *Tracker) resolveOpen(i int, now time.Time) {
 			t.Classify(&pf.Info)
 		}
 		t.Ledger.SetProcess(pf, at)
+		// The open itself, as an fd the ledger knows now: activity as any
+		// open is (a holder's later opens too, without NVML).
+		fds := pf.FDs[int(po.ev.GPU)]
+		t.Ledger.AddFD(pf.Info, int(po.ev.GPU), slices.Max(fds), at)
 		if t.Opened != nil {
 			t.Opened(pf.Info, int(po.ev.GPU), &po.ev)
 		}
