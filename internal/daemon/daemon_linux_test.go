@@ -313,8 +313,7 @@ func TestFDPassing(t *testing.T) {
 // something first (the fd is received after the sender's sendmsg returns).
 func (e *env) passedFDsNeedResync(receiver int) {
 	e.t.Helper()
-	st := e.d.Monitor().Hooks()
-	if st.Mode != "driver" || slices.ContainsFunc(st.Attached, func(h string) bool { return strings.HasPrefix(h, "kprobe/receive:") }) {
+	if e.d.Monitor().Hooks().Mode != "driver" || receiveHooked(e) {
 		return
 	}
 	for deadline := time.Now().Add(e.settleFor); len(e.groundTruth()[receiver]) == 0; time.Sleep(5 * time.Millisecond) {
