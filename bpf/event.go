@@ -36,6 +36,11 @@ const (
 // (FD_UNKNOWN in headers/gpud.h).
 const FDUnknown int32 = math.MinInt32
 
+// OpenMarkedHigh is the PPID of an EventOpen with FDUnknown when the gate
+// counted the open as high priority (it marked the GPU): user space
+// confirms nothing past it until the fd is found (OPEN_MARKED_HIGH).
+const OpenMarkedHigh uint32 = 1
+
 const ()
 
 func (t EventType) String() string {
@@ -69,7 +74,7 @@ type Event struct {
 	CgroupID uint64 // cgroup v2 id of the task
 	PID      uint32 // thread id
 	TGID     uint32 // process id
-	PPID     uint32 // parent's tgid (fork only)
+	PPID     uint32 // parent's tgid (fork); OpenMarkedHigh or 0 (EventOpen with FDUnknown)
 	FD       int32  // -1 when not about one fd
 	GPU      int32  // GPU index, -1 when not about one GPU
 	Comm     string

@@ -334,7 +334,10 @@ int gpud_gate(struct bpf_cgroup_dev_ctx *ctx)
 		if (is_consumer(tgid))
 			return 1;
 		mark_holder(tgid);
-		emit(EV_OPEN, BPF_CORE_READ(t, pid), tgid, 0, FD_UNKNOWN, gpu);
+		// ppid says whether this open marked the GPU high: only such
+		// opens hold user space's confirmations back until their fd is
+		// found.
+		emit(EV_OPEN, BPF_CORE_READ(t, pid), tgid, (mark & MARK_HIGH) ? OPEN_MARKED_HIGH : 0, FD_UNKNOWN, gpu);
 		if (mark & MARK_HIGH) {
 			// Marked again after the event is queued: user space cannot
 			// confirm past this mark before it has read the event (and it

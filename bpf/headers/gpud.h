@@ -141,6 +141,8 @@ enum event_type {
 /* EV_OPEN's fd when the hook sees the file before it has an fd (the
  * driver's open, receive_fd): user space reads the process's fd table. */
 #define FD_UNKNOWN (-2147483647 - 1)
+/* ...and its ppid, when the gate marked the GPU high for that open. */
+#define OPEN_MARKED_HIGH 1
 
 enum prio {
 	PRIO_NONE = 0, /* unknown cgroup: allowed, never blocks anyone */

@@ -46,8 +46,8 @@ func TestPendingOpenFoundInFDTable(t *testing.T) {
 	}
 }
 
-// An open whose thread is still inside the open syscall stays pending and
-// holds the gate's confirmations back; once the thread is out of it with
+// An open whose thread is still inside the open syscall stays pending and,
+// when the gate counted it high, holds the gate's confirmations back; once the thread is out of it with
 // no GPU fd (the open failed, or it was closed at once), it is dropped
 // without waiting for the retries to run out.
 func TestPendingOpenWaitsForTheOpener(t *testing.T) {
@@ -72,12 +72,19 @@ func TestPendingOpenWaitsForTheOpener(t *testing.T) {
 	}
 	tr := &Tracker{Ledger: NewLedger(gpus, time.Minute), Proc: proc}
 	ev := openEvent(pid, pid)
+	ev.PPID = bpf.OpenMarkedHigh
 	tr.Handle(ev)
 	if len(tr.opening) != 1 {
 		t.Fatalf("open of a thread still in openat: %d pending, want 1", len(tr.opening))
 	}
 	if got := tr.confirmable(ev.Mono + 10); got != ev.Mono-1 {
 		t.Errorf("confirmable = %d, want %d (just before the pending open)", got, ev.Mono-1)
+	}
+	// The same open, not counted high by the gate, holds nothing back.
+	other := &Tracker{Ledger: NewLedger(gpus, time.Minute), Proc: proc}
+	other.Handle(openEvent(pid, pid))
+	if len(other.opening) != 1 || other.confirmable(ev.Mono+10) != ev.Mono+10 {
+		t.Errorf("an open not marked high: %d pending, confirmable %d, want 1 pending and no cap", len(other.opening), other.confirmable(ev.Mono+10))
 	}
 	w, err := os.OpenFile(fifo, os.O_WRONLY, 0)
 	if err != nil {

@@ -229,11 +229,12 @@ func (t *Tracker) resolveDue(now time.Time) {
 }
 
 // confirmable caps what Drained may confirm: nothing from the earliest
-// open whose fd is not known yet on (the gate keeps counting that GPU as
-// opened by high priority until then).
+// high-priority open (one the gate marked) whose fd is not known yet on
+// (the gate keeps counting that GPU as opened by high priority until then).
+// Other pending opens hold nothing back: they set no mark.
 func (t *Tracker) confirmable(mono uint64) uint64 {
 	for _, po := range t.opening {
-		if po.ev.Mono <= mono {
+		if po.ev.PPID == bpf.OpenMarkedHigh && po.ev.Mono <= mono {
 			mono = po.ev.Mono - 1
 		}
 	}
