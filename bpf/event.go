@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"unsafe"
 )
 
@@ -22,10 +23,25 @@ const (
 	// From the gate, at decision time (before the open completes):
 	EventGateHigh EventType = 7 // a high-priority open of a GPU with low holders was let through
 	EventDeny     EventType = 8 // a low-priority open was refused (EPERM)
+	// From the driver hooks: a GPU file's last reference went (its
+	// driver's release); reconcile the GPU's holders.
+	EventRelease EventType = 9
 
 	// EventTypes is one more than the largest type (arrays indexed by type).
-	EventTypes = 9
+	EventTypes = 10
 )
+
+// FDUnknown is EventOpen's FD when the hook saw the file before it had an
+// fd (the driver's open, receive_fd): the process's fd table says which
+// (FD_UNKNOWN in headers/gpud.h).
+const FDUnknown int32 = math.MinInt32
+
+// OpenMarkedHigh is the PPID of an EventOpen with FDUnknown when the gate
+// counted the open as high priority (it marked the GPU): user space
+// confirms nothing past it until the fd is found (OPEN_MARKED_HIGH).
+const OpenMarkedHigh uint32 = 1
+
+const ()
 
 func (t EventType) String() string {
 	switch t {
@@ -45,6 +61,8 @@ func (t EventType) String() string {
 		return "gate-high"
 	case EventDeny:
 		return "deny"
+	case EventRelease:
+		return "release"
 	}
 	return fmt.Sprintf("EventType(%d)", uint32(t))
 }
@@ -56,7 +74,7 @@ type Event struct {
 	CgroupID uint64 // cgroup v2 id of the task
 	PID      uint32 // thread id
 	TGID     uint32 // process id
-	PPID     uint32 // parent's tgid (fork only)
+	PPID     uint32 // parent's tgid (fork); OpenMarkedHigh or 0 (EventOpen with FDUnknown)
 	FD       int32  // -1 when not about one fd
 	GPU      int32  // GPU index, -1 when not about one GPU
 	Comm     string
@@ -92,7 +110,7 @@ func DecodeEvent(raw []byte, ev *Event) error {
 	// binary.Decode costs more than the rest of the event's handling.
 	ne := binary.NativeEndian
 	typ := ne.Uint32(raw[16:])
-	if typ < uint32(EventOpen) || typ > uint32(EventDeny) {
+	if typ < uint32(EventOpen) || typ > uint32(EventRelease) {
 		return fmt.Errorf("%w: unknown type %d", ErrBadEvent, typ)
 	}
 	comm := raw[40:56]

@@ -53,7 +53,7 @@ func FuzzDecodeEvent(f *testing.F) {
 			}
 			if len(raw) == bpf.EventSize {
 				typ := bpf.EventType(binary.NativeEndian.Uint32(raw[16:]))
-				if typ >= bpf.EventOpen && typ <= bpf.EventDeny {
+				if typ >= bpf.EventOpen && typ <= bpf.EventRelease {
 					t.Fatalf("a 56-byte record of known type %v refused: %v", typ, err)
 				}
 			}
@@ -62,7 +62,7 @@ func FuzzDecodeEvent(f *testing.F) {
 		if len(raw) != bpf.EventSize {
 			t.Fatalf("decoded a %d-byte record", len(raw))
 		}
-		if ev.Type < bpf.EventOpen || ev.Type > bpf.EventDeny {
+		if ev.Type < bpf.EventOpen || ev.Type > bpf.EventRelease {
 			t.Fatalf("decoded type %d", ev.Type)
 		}
 		if s := ev.Type.String(); s == "" || s[0] == 'E' {

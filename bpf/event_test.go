@@ -120,7 +120,7 @@ func TestDecodeEventRejects(t *testing.T) {
 		{"one byte long", append(append([]byte(nil), good...), 0), bpf.ErrBadEvent},
 		{"two records", append(append([]byte(nil), good...), good...), bpf.ErrBadEvent},
 		{"type 0", encode(rawEvent{Type: 0}), bpf.ErrBadEvent},
-		{"type 9", encode(rawEvent{Type: 9}), bpf.ErrBadEvent},
+		{"type 10", encode(rawEvent{Type: 10}), bpf.ErrBadEvent},
 		{"type max", encode(rawEvent{Type: ^uint32(0)}), bpf.ErrBadEvent},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -146,7 +146,7 @@ func TestDecodeEventRejects(t *testing.T) {
 func TestEventTypeString(t *testing.T) {
 	for typ, want := range map[bpf.EventType]string{
 		bpf.EventOpen: "open", bpf.EventClose: "close", bpf.EventFork: "fork", bpf.EventExec: "exec",
-		bpf.EventExit: "exit", bpf.EventResync: "resync", bpf.EventGateHigh: "gate-high", bpf.EventDeny: "deny", 0: "EventType(0)", 9: "EventType(9)",
+		bpf.EventExit: "exit", bpf.EventResync: "resync", bpf.EventGateHigh: "gate-high", bpf.EventDeny: "deny", bpf.EventRelease: "release", 0: "EventType(0)", 10: "EventType(10)",
 	} {
 		if got := typ.String(); got != want {
 			t.Errorf("EventType(%d).String() = %q, want %q", uint32(typ), got, want)

@@ -13,6 +13,12 @@
 // Close, fork, exec, exit and dup observers first look the process up in
 // `holders` (processes known to hold, or to have held, a GPU fd) and return
 // at once for everybody else.
+//
+// That is --hooks syscalls, whose sys_enter/sys_exit programs make every
+// syscall on the node take the tracepoint slow path. --hooks driver loads
+// neither: the gate reports GPU opens itself (report_opens), and kprobes on
+// the driver's release and on receive_fd, which run for nothing else, report
+// last closes and passed fds.
 
 #include "headers/gpud.h"
 
@@ -33,6 +39,10 @@ volatile __u64 heartbeat_ns = 0;
 // the heartbeat is older than fail_open_after_ns.
 volatile __u32 enforcing = 0;
 volatile __u64 fail_open_after_ns = 30ULL * 1000 * 1000 * 1000;
+// --hooks driver: the gate reports each GPU open it lets through (EV_OPEN,
+// fd unknown: user space reads the opener's fd table) instead of marking
+// the task for the openat-exit observer, which is not loaded then.
+volatile __u32 report_opens = 0;
 
 // --- kernel-maintained counters, read by user space ---
 volatile __u64 pending_marks = 0; // GPU opens marked by the gate, not yet seen at openat exit
@@ -360,6 +370,26 @@ int gpud_gate(struct bpf_cgroup_dev_ctx *ctx)
 		}
 	}
 
+	if (report_opens) {
+		struct task_struct *t = (struct task_struct *)bpf_get_current_task();
+		__u32 tgid = BPF_CORE_READ(t, tgid);
+		if (is_consumer(tgid))
+			return 1;
+		mark_holder(tgid);
+		// ppid says whether this open marked the GPU high: only such
+		// opens hold user space's confirmations back until their fd is
+		// found.
+		emit(EV_OPEN, BPF_CORE_READ(t, pid), tgid, (mark & MARK_HIGH) ? OPEN_MARKED_HIGH : 0, FD_UNKNOWN, gpu);
+		if (mark & MARK_HIGH) {
+			// Marked again after the event is queued: user space cannot
+			// confirm past this mark before it has read the event (and it
+			// confirms no further until it has found the new fd).
+			__u64 *hmark = bpf_map_lookup_elem(&gpu_high_mark, &rdev);
+			if (hmark)
+				*hmark = bpf_ktime_get_ns();
+		}
+		return 1;
+	}
 	__u64 task = bpf_get_current_task();
 	if (bpf_map_update_elem(&pending, &task, &mark, BPF_NOEXIST) == 0)
 		__sync_fetch_and_add(&pending_marks, 1);
@@ -560,6 +590,75 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
 	case NR_recvmsg:
 		return exit_recvmsg(ret);
 	}
+	return 0;
+}
+
+// ----------------------------------------------------------------------------
+// The driver observers (--hooks driver): kprobes on the GPU driver's own
+// release (nvidia_close, file_operations of every /dev/nvidia* node) and on
+// receive_fd (SCM_RIGHTS, pidfd_getfd, seccomp addfd), where the kernel
+// allows kprobes. Opens are reported by the gate (report_opens), which sees
+// every route to a GPU file (open, openat, openat2, the 32-bit ABI,
+// io_uring, open_by_handle_at, a /proc/PID/fd reopen). None of these runs on
+// a syscall that does not open, release or receive a device file, so the
+// node's other syscalls pay nothing. The release runs on the file's last
+// reference: every last close (close, dup2 over it, close_range, exit,
+// io_uring unregistration) ends there. Arguments are taken from the entry
+// (the driver may finish its work later on its own kernel thread).
+
+// gpu_of_inode returns the GPU index of a character-device inode, or -1;
+// *dev gets its dev_t.
+static __always_inline int gpu_of_inode(struct inode *ino, __u32 *dev)
+{
+	if (!ino)
+		return -1;
+	umode_t mode = BPF_CORE_READ(ino, i_mode);
+	if ((mode & S_IFMT) != S_IFCHR)
+		return -1;
+	__u32 rdev = BPF_CORE_READ(ino, i_rdev);
+	__u32 *gpu = bpf_map_lookup_elem(&gpu_devs, &rdev);
+	if (!gpu)
+		return -1;
+	*dev = rdev;
+	return (int)*gpu;
+}
+
+// A GPU file's last reference is gone (whichever process dropped it, or a
+// kernel thread): user space re-reads the fd tables of that GPU's holders.
+SEC("kprobe/driver_release")
+int on_driver_release(struct pt_regs *ctx)
+{
+	struct inode *ino = (struct inode *)KPROBE_ARG1(ctx);
+	if (!monitoring)
+		return 0;
+	__u32 dev = 0;
+	int gpu = gpu_of_inode(ino, &dev);
+	if (gpu < 0)
+		return 0;
+	__u64 id = bpf_get_current_pid_tgid();
+	emit(EV_RELEASE, (__u32)id, id >> 32, 0, -1, gpu);
+	return 0;
+}
+
+// A file is being installed in the current process from elsewhere
+// (SCM_RIGHTS, pidfd_getfd, seccomp addfd): when it is a GPU's, the receiver
+// becomes a holder (its fd is known after the install: user space reads it).
+SEC("kprobe/receive_fd")
+int on_receive_fd(struct pt_regs *ctx)
+{
+	struct file *f = (struct file *)KPROBE_ARG1(ctx);
+	if (!monitoring || !f)
+		return 0;
+	__u32 dev = 0;
+	int gpu = gpu_of_inode(BPF_CORE_READ(f, f_inode), &dev);
+	if (gpu < 0)
+		return 0;
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32;
+	if (is_consumer(tgid))
+		return 0;
+	mark_holder(tgid);
+	emit(EV_OPEN, (__u32)id, tgid, 0, FD_UNKNOWN, gpu);
 	return 0;
 }
 

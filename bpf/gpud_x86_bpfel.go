@@ -57,37 +57,40 @@ type gpudGpuSet struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	gpudMapCgroupPrio      = "cgroup_prio"
-	gpudMapDenyReported    = "deny_reported"
-	gpudMapEvents          = "events"
-	gpudMapExpectCgroup    = "expect_cgroup"
-	gpudMapGpuConfirmed    = "gpu_confirmed"
-	gpudMapGpuDevs         = "gpu_devs"
-	gpudMapGpuHighMark     = "gpu_high_mark"
-	gpudMapGpuPolicy       = "gpu_policy"
-	gpudMapHolders         = "holders"
-	gpudMapPending         = "pending"
-	gpudMapRecvMsgs        = "recv_msgs"
-	gpudMapShareFence      = "share_fence"
-	gpudProgGpudGate       = "gpud_gate"
-	gpudProgOnCgroupMkdir  = "on_cgroup_mkdir"
-	gpudProgOnCgroupRmdir  = "on_cgroup_rmdir"
-	gpudProgOnExec         = "on_exec"
-	gpudProgOnExit         = "on_exit"
-	gpudProgOnFork         = "on_fork"
-	gpudProgOnSysEnter     = "on_sys_enter"
-	gpudProgOnSysExit      = "on_sys_exit"
-	gpudVarConsumerCgroup  = "consumer_cgroup"
-	gpudVarConsumerTgid    = "consumer_tgid"
-	gpudVarDropped         = "dropped"
-	gpudVarEnforcing       = "enforcing"
-	gpudVarFailOpenAfterNs = "fail_open_after_ns"
-	gpudVarHeartbeatNs     = "heartbeat_ns"
-	gpudVarMonitoring      = "monitoring"
-	gpudVarPendingMarks    = "pending_marks"
-	gpudVarScmArmedUntil   = "scm_armed_until"
-	gpudVarShareFences     = "share_fences"
-	gpudVarUnusedEvent     = "unused_event"
+	gpudMapCgroupPrio       = "cgroup_prio"
+	gpudMapDenyReported     = "deny_reported"
+	gpudMapEvents           = "events"
+	gpudMapExpectCgroup     = "expect_cgroup"
+	gpudMapGpuConfirmed     = "gpu_confirmed"
+	gpudMapGpuDevs          = "gpu_devs"
+	gpudMapGpuHighMark      = "gpu_high_mark"
+	gpudMapGpuPolicy        = "gpu_policy"
+	gpudMapHolders          = "holders"
+	gpudMapPending          = "pending"
+	gpudMapRecvMsgs         = "recv_msgs"
+	gpudMapShareFence       = "share_fence"
+	gpudProgGpudGate        = "gpud_gate"
+	gpudProgOnCgroupMkdir   = "on_cgroup_mkdir"
+	gpudProgOnCgroupRmdir   = "on_cgroup_rmdir"
+	gpudProgOnDriverRelease = "on_driver_release"
+	gpudProgOnExec          = "on_exec"
+	gpudProgOnExit          = "on_exit"
+	gpudProgOnFork          = "on_fork"
+	gpudProgOnReceiveFd     = "on_receive_fd"
+	gpudProgOnSysEnter      = "on_sys_enter"
+	gpudProgOnSysExit       = "on_sys_exit"
+	gpudVarConsumerCgroup   = "consumer_cgroup"
+	gpudVarConsumerTgid     = "consumer_tgid"
+	gpudVarDropped          = "dropped"
+	gpudVarEnforcing        = "enforcing"
+	gpudVarFailOpenAfterNs  = "fail_open_after_ns"
+	gpudVarHeartbeatNs      = "heartbeat_ns"
+	gpudVarMonitoring       = "monitoring"
+	gpudVarPendingMarks     = "pending_marks"
+	gpudVarReportOpens      = "report_opens"
+	gpudVarScmArmedUntil    = "scm_armed_until"
+	gpudVarShareFences      = "share_fences"
+	gpudVarUnusedEvent      = "unused_event"
 )
 
 // loadGpud returns the embedded CollectionSpec for gpud.
@@ -132,14 +135,16 @@ type gpudSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type gpudProgramSpecs struct {
-	GpudGate      *ebpf.ProgramSpec `ebpf:"gpud_gate"`
-	OnCgroupMkdir *ebpf.ProgramSpec `ebpf:"on_cgroup_mkdir"`
-	OnCgroupRmdir *ebpf.ProgramSpec `ebpf:"on_cgroup_rmdir"`
-	OnExec        *ebpf.ProgramSpec `ebpf:"on_exec"`
-	OnExit        *ebpf.ProgramSpec `ebpf:"on_exit"`
-	OnFork        *ebpf.ProgramSpec `ebpf:"on_fork"`
-	OnSysEnter    *ebpf.ProgramSpec `ebpf:"on_sys_enter"`
-	OnSysExit     *ebpf.ProgramSpec `ebpf:"on_sys_exit"`
+	GpudGate        *ebpf.ProgramSpec `ebpf:"gpud_gate"`
+	OnCgroupMkdir   *ebpf.ProgramSpec `ebpf:"on_cgroup_mkdir"`
+	OnCgroupRmdir   *ebpf.ProgramSpec `ebpf:"on_cgroup_rmdir"`
+	OnDriverRelease *ebpf.ProgramSpec `ebpf:"on_driver_release"`
+	OnExec          *ebpf.ProgramSpec `ebpf:"on_exec"`
+	OnExit          *ebpf.ProgramSpec `ebpf:"on_exit"`
+	OnFork          *ebpf.ProgramSpec `ebpf:"on_fork"`
+	OnReceiveFd     *ebpf.ProgramSpec `ebpf:"on_receive_fd"`
+	OnSysEnter      *ebpf.ProgramSpec `ebpf:"on_sys_enter"`
+	OnSysExit       *ebpf.ProgramSpec `ebpf:"on_sys_exit"`
 }
 
 // gpudMapSpecs contains maps before they are loaded into the kernel.
@@ -172,6 +177,7 @@ type gpudVariableSpecs struct {
 	HeartbeatNs     *ebpf.VariableSpec `ebpf:"heartbeat_ns"`
 	Monitoring      *ebpf.VariableSpec `ebpf:"monitoring"`
 	PendingMarks    *ebpf.VariableSpec `ebpf:"pending_marks"`
+	ReportOpens     *ebpf.VariableSpec `ebpf:"report_opens"`
 	ScmArmedUntil   *ebpf.VariableSpec `ebpf:"scm_armed_until"`
 	ShareFences     *ebpf.VariableSpec `ebpf:"share_fences"`
 	UnusedEvent     *ebpf.VariableSpec `ebpf:"unused_event"`
@@ -240,6 +246,7 @@ type gpudVariables struct {
 	HeartbeatNs     *ebpf.Variable `ebpf:"heartbeat_ns"`
 	Monitoring      *ebpf.Variable `ebpf:"monitoring"`
 	PendingMarks    *ebpf.Variable `ebpf:"pending_marks"`
+	ReportOpens     *ebpf.Variable `ebpf:"report_opens"`
 	ScmArmedUntil   *ebpf.Variable `ebpf:"scm_armed_until"`
 	ShareFences     *ebpf.Variable `ebpf:"share_fences"`
 	UnusedEvent     *ebpf.Variable `ebpf:"unused_event"`
@@ -249,14 +256,16 @@ type gpudVariables struct {
 //
 // It can be passed to loadGpudObjects or ebpf.CollectionSpec.LoadAndAssign.
 type gpudPrograms struct {
-	GpudGate      *ebpf.Program `ebpf:"gpud_gate"`
-	OnCgroupMkdir *ebpf.Program `ebpf:"on_cgroup_mkdir"`
-	OnCgroupRmdir *ebpf.Program `ebpf:"on_cgroup_rmdir"`
-	OnExec        *ebpf.Program `ebpf:"on_exec"`
-	OnExit        *ebpf.Program `ebpf:"on_exit"`
-	OnFork        *ebpf.Program `ebpf:"on_fork"`
-	OnSysEnter    *ebpf.Program `ebpf:"on_sys_enter"`
-	OnSysExit     *ebpf.Program `ebpf:"on_sys_exit"`
+	GpudGate        *ebpf.Program `ebpf:"gpud_gate"`
+	OnCgroupMkdir   *ebpf.Program `ebpf:"on_cgroup_mkdir"`
+	OnCgroupRmdir   *ebpf.Program `ebpf:"on_cgroup_rmdir"`
+	OnDriverRelease *ebpf.Program `ebpf:"on_driver_release"`
+	OnExec          *ebpf.Program `ebpf:"on_exec"`
+	OnExit          *ebpf.Program `ebpf:"on_exit"`
+	OnFork          *ebpf.Program `ebpf:"on_fork"`
+	OnReceiveFd     *ebpf.Program `ebpf:"on_receive_fd"`
+	OnSysEnter      *ebpf.Program `ebpf:"on_sys_enter"`
+	OnSysExit       *ebpf.Program `ebpf:"on_sys_exit"`
 }
 
 func (p *gpudPrograms) Close() error {
@@ -264,9 +273,11 @@ func (p *gpudPrograms) Close() error {
 		p.GpudGate,
 		p.OnCgroupMkdir,
 		p.OnCgroupRmdir,
+		p.OnDriverRelease,
 		p.OnExec,
 		p.OnExit,
 		p.OnFork,
+		p.OnReceiveFd,
 		p.OnSysEnter,
 		p.OnSysExit,
 	)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -33,6 +34,12 @@ type Options struct {
 	// program on it: never a second program stacked on the cgroup. "" pins
 	// nothing (the gate goes with the process).
 	PinDir string
+	// Hooks picks how GPU file descriptors are observed: HooksSyscalls (""
+	// is the same) or HooksDriver.
+	Hooks string
+	// Driver names the kernel functions HooksDriver puts kprobes on; empty
+	// lists take DefaultDriverSymbols' (NVIDIA's).
+	Driver DriverSymbols
 }
 
 // GatePin is the pinned cgroup link's name under Options.PinDir.
@@ -50,17 +57,35 @@ type coreObjects struct {
 }
 
 type corePrograms struct {
-	GpudGate   *ebpf.Program `ebpf:"gpud_gate"`
-	OnExec     *ebpf.Program `ebpf:"on_exec"`
-	OnExit     *ebpf.Program `ebpf:"on_exit"`
-	OnFork     *ebpf.Program `ebpf:"on_fork"`
-	OnSysEnter *ebpf.Program `ebpf:"on_sys_enter"`
-	OnSysExit  *ebpf.Program `ebpf:"on_sys_exit"`
+	GpudGate *ebpf.Program `ebpf:"gpud_gate"`
+	OnExec   *ebpf.Program `ebpf:"on_exec"`
+	OnExit   *ebpf.Program `ebpf:"on_exit"`
+	OnFork   *ebpf.Program `ebpf:"on_fork"`
 }
 
 func (o *coreObjects) Close() error {
 	p := &o.corePrograms
-	return _GpudClose(p.GpudGate, p.OnExec, p.OnExit, p.OnFork, p.OnSysEnter, p.OnSysExit, &o.gpudMaps)
+	return _GpudClose(p.GpudGate, p.OnExec, p.OnExit, p.OnFork, &o.gpudMaps)
+}
+
+// syscallPrograms are HooksSyscalls' observers, loaded with the core (in
+// one verifier pass, as before the driver hooks existed).
+type syscallPrograms struct {
+	OnSysEnter *ebpf.Program `ebpf:"on_sys_enter"`
+	OnSysExit  *ebpf.Program `ebpf:"on_sys_exit"`
+}
+
+func (p *syscallPrograms) Close() error { return _GpudClose(p.OnSysEnter, p.OnSysExit) }
+
+// driverPrograms are HooksDriver's kprobes, loaded apart from the core on
+// its maps: each attaches on its own, when and where its symbol exists.
+type driverPrograms struct {
+	OnDriverRelease *ebpf.Program `ebpf:"on_driver_release"`
+	OnReceiveFd     *ebpf.Program `ebpf:"on_receive_fd"`
+}
+
+func (p *driverPrograms) Close() error {
+	return _GpudClose(p.OnDriverRelease, p.OnReceiveFd)
 }
 
 // mkdirPrograms classify a cgroup as it is created (expect_cgroup →
@@ -80,7 +105,20 @@ var ErrNoMkdirHook = errors.New("bpf: cgroup creation is not observed")
 // Monitor is the set of loaded and attached programs.
 type Monitor struct {
 	objs  coreObjects
+	sys   syscallPrograms
+	drv   driverPrograms
 	mkdir mkdirPrograms
+	// sections are the global variables' maps (.data, .bss), which the
+	// programs loaded apart share with the core.
+	sections *ebpf.Collection
+
+	hooks   string
+	symbols DriverSymbols
+	hmu     sync.Mutex
+	probes  map[string]link.Link // kprobe links by role:symbol
+	// probeErr is why a role:symbol is not attached (its last try).
+	probeErr map[string]error
+	drvErr   error // why the driver programs are not loaded
 	// mkdirErr is why the cgroup-creation programs are not attached (nil
 	// when they are).
 	mkdirErr error
@@ -99,8 +137,11 @@ type Monitor struct {
 }
 
 // Load loads gpud's programs into the kernel and attaches them: the
-// BTF tracepoint observers (sys_enter/sys_exit, fork/exec/exit) and the
-// cgroup/dev program at opts.CgroupRoot.
+// cgroup/dev program at opts.CgroupRoot, the fork/exec/exit tracepoints and,
+// by opts.Hooks, the sys_enter/sys_exit observers (HooksSyscalls, loaded
+// with the core in one pass as before) or the driver kprobes (HooksDriver:
+// loaded apart on the core's maps, each attached where its symbol exists;
+// what is missing is reported by Hooks, never an error).
 // Nothing is reported until SetGPUs names the GPU device numbers.
 func Load(opts Options) (*Monitor, error) {
 	if opts.CgroupRoot == "" {
@@ -116,13 +157,17 @@ func Load(opts Options) (*Monitor, error) {
 	if opts.RingBytes != 0 {
 		spec.Maps["events"].MaxEntries = opts.RingBytes
 	}
-	m := &Monitor{}
-	if err := spec.LoadAndAssign(&m.objs, nil); err != nil {
-		var ve *ebpf.VerifierError
-		if errors.As(err, &ve) {
-			return nil, fmt.Errorf("bpf: loading programs: %+v", ve)
-		}
-		return nil, fmt.Errorf("bpf: loading programs: %w", err)
+	m := &Monitor{hooks: opts.Hooks, symbols: opts.Driver.orDefault(), probes: map[string]link.Link{}, probeErr: map[string]error{}}
+	switch m.hooks {
+	case "":
+		m.hooks = HooksSyscalls
+	case HooksDriver, HooksSyscalls:
+	default:
+		return nil, fmt.Errorf("bpf: unknown hooks %q: want %s or %s", opts.Hooks, HooksDriver, HooksSyscalls)
+	}
+	if err := m.loadCore(spec); err != nil {
+		m.Close()
+		return nil, err
 	}
 	m.pinDir = opts.PinDir
 	if err := m.attach(opts.CgroupRoot); err != nil {
@@ -135,7 +180,197 @@ func Load(opts Options) (*Monitor, error) {
 		return nil, fmt.Errorf("bpf: opening ring buffer: %w", err)
 	}
 	m.mkdirErr = m.attachMkdir(spec)
+	if m.hooks == HooksDriver {
+		if err := m.objs.ReportOpens.Set(uint32(1)); err != nil {
+			m.Close()
+			return nil, fmt.Errorf("bpf: turning on the gate's open reports: %w", err)
+		}
+		m.drvErr = m.loadDriver(spec)
+		m.AttachDriver()
+	}
 	return m, nil
+}
+
+// coreNames are the programs loaded in one pass with every map.
+var coreNames = []string{"gpud_gate", "on_exec", "on_exit", "on_fork"}
+
+// loadCore loads the maps, the gate and the process lifecycle programs, and
+// HooksSyscalls' observers with them.
+func (m *Monitor) loadCore(spec *ebpf.CollectionSpec) error {
+	want := append([]string(nil), coreNames...)
+	if m.hooks == HooksSyscalls {
+		want = append(want, "on_sys_enter", "on_sys_exit")
+	}
+	cs := spec.Copy()
+	for name := range cs.Programs {
+		if !slices.Contains(want, name) {
+			delete(cs.Programs, name)
+		}
+	}
+	coll, err := ebpf.NewCollection(cs)
+	if err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			return fmt.Errorf("bpf: loading programs: %+v", ve)
+		}
+		return fmt.Errorf("bpf: loading programs: %w", err)
+	}
+	m.sections = coll
+	if err := coll.Assign(&m.objs); err != nil {
+		return fmt.Errorf("bpf: loading programs: %w", err)
+	}
+	if m.hooks == HooksSyscalls {
+		if err := coll.Assign(&m.sys); err != nil {
+			return fmt.Errorf("bpf: loading programs: %w", err)
+		}
+	}
+	return nil
+}
+
+// sharedMaps are the core's maps by name, for programs loaded apart.
+func (m *Monitor) sharedMaps() map[string]*ebpf.Map {
+	out := map[string]*ebpf.Map{}
+	for name, mp := range m.sections.Maps { // .data, .bss
+		out[name] = mp
+	}
+	o := &m.objs.gpudMaps
+	for name, mp := range map[string]*ebpf.Map{
+		"cgroup_prio": o.CgroupPrio, "deny_reported": o.DenyReported, "events": o.Events,
+		"expect_cgroup": o.ExpectCgroup, "gpu_confirmed": o.GpuConfirmed, "gpu_devs": o.GpuDevs,
+		"gpu_high_mark": o.GpuHighMark, "gpu_policy": o.GpuPolicy, "holders": o.Holders,
+		"pending": o.Pending, "recv_msgs": o.RecvMsgs,
+	} {
+		out[name] = mp
+	}
+	return out
+}
+
+// loadDriver loads the driver kprobes on the core's maps (attached by
+// AttachDriver).
+func (m *Monitor) loadDriver(spec *ebpf.CollectionSpec) error {
+	cs := spec.Copy()
+	for name := range cs.Programs {
+		switch name {
+		case "on_driver_release", "on_receive_fd":
+		default:
+			delete(cs.Programs, name)
+		}
+	}
+	if err := cs.LoadAndAssign(&m.drv, &ebpf.CollectionOptions{MapReplacements: m.sharedMaps()}); err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			return fmt.Errorf("bpf: loading the driver hooks: %+v", ve)
+		}
+		return fmt.Errorf("bpf: loading the driver hooks: %w", err)
+	}
+	return nil
+}
+
+// AttachDriver attaches the driver kprobes to every configured symbol the
+// kernel has now and that is not hooked yet (the driver module may load
+// after gpud: call it again later). It reports whether anything new was
+// attached.
+func (m *Monitor) AttachDriver() bool {
+	if m.hooks != HooksDriver || m.drvErr != nil {
+		return false
+	}
+	m.hmu.Lock()
+	defer m.hmu.Unlock()
+	// Without the kprobe PMU (CONFIG_KPROBES off) every try would fail the
+	// same way, after a detour through tracefs.
+	_, pmuErr := os.Stat("/sys/bus/event_source/devices/kprobe/type")
+	added := false
+	for _, r := range []struct {
+		role string
+		syms []string
+		prog *ebpf.Program
+	}{
+		{RoleRelease, m.symbols.Release, m.drv.OnDriverRelease},
+		{RoleReceive, m.symbols.Receive, m.drv.OnReceiveFd},
+	} {
+		for _, sym := range r.syms {
+			key := r.role + ":" + sym
+			if m.probes[key] != nil {
+				continue
+			}
+			if pmuErr != nil {
+				m.probeErr[key] = ErrNoKprobes
+				continue
+			}
+			l, err := link.Kprobe(sym, r.prog, nil)
+			if err != nil {
+				m.probeErr[key] = err // not in this kernel (yet): Hooks says so
+				continue
+			}
+			delete(m.probeErr, key)
+			m.probes[key] = l
+			added = true
+		}
+	}
+	return added
+}
+
+// ErrNoKprobes: the kernel offers no kprobes (no kprobe PMU: CONFIG_KPROBES
+// off), so the driver's release and receive_fd cannot be hooked.
+var ErrNoKprobes = errors.New("the kernel has no kprobes (no kprobe PMU in /sys/bus/event_source/devices)")
+
+// HookStatus says how GPU file descriptors are observed.
+type HookStatus struct {
+	// Mode is HooksDriver or HooksSyscalls.
+	Mode string
+	// Attached are the hooks running, as "role:symbol" for kprobes
+	// (driver) and program names otherwise.
+	Attached []string
+	// Missing says, for each driver role with none of its symbols hooked,
+	// which were looked for (empty in HooksSyscalls, and when complete).
+	Missing []string
+	// Complete: every change of a GPU fd is reported by an event. In
+	// HooksDriver, the release and receive roles must be hooked for that;
+	// without them, last closes and passed fds are found by re-reading the
+	// holders' fd tables (Options' caller does it periodically) and by the
+	// full reconciliation.
+	Complete bool
+	// Err is why the driver programs could not be loaded at all.
+	Err error
+}
+
+// Hooks reports the observation mode and what is attached.
+func (m *Monitor) Hooks() HookStatus {
+	st := HookStatus{Mode: m.hooks, Err: m.drvErr}
+	st.Attached = append(st.Attached, "tp_btf/sched_process_fork", "tp_btf/sched_process_exec", "tp_btf/sched_process_exit")
+	if m.hooks == HooksSyscalls {
+		st.Attached = append(st.Attached, "tp_btf/sys_enter", "tp_btf/sys_exit")
+		st.Complete = true
+		return st
+	}
+	m.hmu.Lock()
+	defer m.hmu.Unlock()
+	st.Complete = m.drvErr == nil
+	for _, r := range []struct {
+		role string
+		syms []string
+	}{{RoleRelease, m.symbols.Release}, {RoleReceive, m.symbols.Receive}} {
+		found := false
+		for _, sym := range r.syms {
+			if m.probes[r.role+":"+sym] != nil {
+				st.Attached = append(st.Attached, "kprobe/"+r.role+":"+sym)
+				found = true
+			}
+		}
+		if !found {
+			var why []string
+			for _, sym := range r.syms {
+				if err := m.probeErr[r.role+":"+sym]; err != nil {
+					why = append(why, sym+": "+err.Error())
+				} else {
+					why = append(why, sym)
+				}
+			}
+			st.Missing = append(st.Missing, r.role+" ("+strings.Join(why, "; ")+")")
+			st.Complete = false
+		}
+	}
+	return st
 }
 
 // attachMkdir loads and attaches the cgroup-creation programs on the maps
@@ -169,7 +404,11 @@ func (m *Monitor) MkdirHook() error { return m.mkdirErr }
 
 func (m *Monitor) attach(cgroupRoot string) error {
 	p := &m.objs.corePrograms
-	for _, prog := range []*ebpf.Program{p.OnSysEnter, p.OnSysExit, p.OnFork, p.OnExec, p.OnExit} {
+	progs := []*ebpf.Program{p.OnFork, p.OnExec, p.OnExit}
+	if m.hooks == HooksSyscalls {
+		progs = append([]*ebpf.Program{m.sys.OnSysEnter, m.sys.OnSysExit}, progs...)
+	}
+	for _, prog := range progs {
 		l, err := link.AttachTracing(link.TracingOptions{Program: prog})
 		if err != nil {
 			return fmt.Errorf("bpf: attaching %s: %w", prog, err)
@@ -659,6 +898,12 @@ func (m *Monitor) Close() error {
 		errs = append(errs, l.Close())
 	}
 	m.links = nil
+	m.hmu.Lock()
+	for _, l := range m.probes {
+		errs = append(errs, l.Close())
+	}
+	m.probes = nil
+	m.hmu.Unlock()
 	if m.gate != nil {
 		if m.pinDir != "" && !m.keepGate {
 			errs = append(errs, m.gate.Unpin())
@@ -667,7 +912,11 @@ func (m *Monitor) Close() error {
 		errs = append(errs, m.gate.Close())
 		m.gate = nil
 	}
-	errs = append(errs, m.mkdir.Close(), m.objs.Close())
+	errs = append(errs, m.mkdir.Close(), m.drv.Close(), m.sys.Close(), m.objs.Close())
+	if m.sections != nil {
+		m.sections.Close()
+		m.sections = nil
+	}
 	return errors.Join(errs...)
 }
 

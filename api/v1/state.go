@@ -61,6 +61,9 @@ type StateFile struct {
 	// DRA is gpud's DRA driver (GPUs shared by memory, --dra); absent
 	// without it.
 	DRA *StateDRA `json:"dra,omitempty"`
+	// Hooks says how the kernel side observes GPU fds (--hooks); absent in
+	// files of gpuds before it.
+	Hooks *StateHooks `json:"hooks,omitempty"`
 }
 
 // StateDRA is what gpud's DRA driver offers and has prepared.
@@ -78,6 +81,20 @@ type StateNotOffered struct {
 	Index  int    `json:"index"`
 	UUID   string `json:"uuid,omitempty"`
 	Reason string `json:"reason"`
+}
+
+// StateHooks is the kernel hooks' mode and what is attached.
+type StateHooks struct {
+	// Mode: "driver" (the gate, process events and the driver's release:
+	// nothing on the syscall path) or "syscalls" (sys_enter/sys_exit:
+	// every syscall of the node pays).
+	Mode string `json:"mode"`
+	// Complete: every change of a GPU fd is reported by an event; false
+	// when some hook is missing, whose changes are found by re-reading
+	// holders' fd tables (Missing says which and why).
+	Complete bool     `json:"complete"`
+	Attached []string `json:"attached,omitempty"`
+	Missing  []string `json:"missing,omitempty"`
 }
 
 // StateNVML is where NVML came from.

@@ -82,6 +82,9 @@ struct pt_regs {
 #define SYSCALL_NR(regs) ((regs)->orig_ax)
 #define SYSCALL_ARG1(regs) ((regs)->di)
 #define SYSCALL_ARG2(regs) ((regs)->si)
+/* A kprobe's first two arguments (at function entry). */
+#define KPROBE_ARG1(r) ((r)->di)
+#define KPROBE_ARG2(r) ((r)->si)
 #define NR_open 2
 #define NR_close 3
 #define NR_dup 32
@@ -103,6 +106,8 @@ struct pt_regs {
 #define SYSCALL_NR(regs) ((regs)->syscallno)
 #define SYSCALL_ARG1(regs) ((regs)->orig_x0)
 #define SYSCALL_ARG2(regs) ((regs)->regs[1])
+#define KPROBE_ARG1(r) ((r)->regs[0])
+#define KPROBE_ARG2(r) ((r)->regs[1])
 #define NR_dup 23
 #define NR_dup3 24
 #define NR_fcntl 25
@@ -130,7 +135,14 @@ enum event_type {
 	EV_RESYNC = 6, /* fds changed in bulk (dup2/dup3/close_range/SCM_RIGHTS): reconcile */
 	EV_GATE_HIGH = 7, /* the gate let a high-priority open of a GPU with low holders through */
 	EV_DENY = 8,      /* the gate refused a low-priority open */
+	EV_RELEASE = 9,   /* a GPU file's last reference went (driver release): reconcile its holders */
 };
+
+/* EV_OPEN's fd when the hook sees the file before it has an fd (the
+ * driver's open, receive_fd): user space reads the process's fd table. */
+#define FD_UNKNOWN (-2147483647 - 1)
+/* ...and its ppid, when the gate marked the GPU high for that open. */
+#define OPEN_MARKED_HIGH 1
 
 enum prio {
 	PRIO_NONE = 0, /* unknown cgroup: allowed, never blocks anyone */

@@ -121,6 +121,8 @@ func runFlags() (*pflag.FlagSet, *runOptions) {
 	fs.StringVar(&cfg.HealthAddr, "health-addr", def.HealthAddr, "also serve /healthz and /readyz alone, plain HTTP, on this address, e.g. 127.0.0.1:9408 for kubelet's probes when the metrics port wants credentials (empty: metrics port only)")
 	fs.StringVar(&cfg.PprofAddr, "pprof-addr", def.PprofAddr, "serve Go profiles (/debug/pprof/) on this loopback address, e.g. 127.0.0.1:6060 (empty disables; loopback only)")
 	fs.StringVar(&cfg.PinDir, "bpf-pin-dir", def.PinDir, "bpffs directory where the gate stays pinned across gpud restarts and crashes (empty: the gate goes with the process)")
+	fs.Var(config.NewEnum(&cfg.Hooks, def.Hooks, "syscalls", "driver"), "hooks", "how the kernel side observes GPU file descriptors: `syscalls|driver` (syscalls: tracepoints on every syscall's entry and exit, which every syscall of every process on the node pays for; driver: the gate reports GPU opens, process events and kprobes on the GPU driver's release and receive_fd report the rest, nothing runs on the syscall path; where the kernel has no kprobes, closes are found by re-reading the holders' fd tables every 2s)")
+	fs.StringVar(&cfg.DriverSymbols, "driver-symbols", "", "kernel functions --hooks driver probes: `release=SYM[,SYM...];receive=SYM[,SYM...]` (empty or a role left out: NVIDIA's, release=nvidia_close,nvidia_frontend_close;receive=receive_fd,__receive_fd)")
 	fs.BoolVar(&cfg.KeepEnforcing, "keep-enforcing", def.KeepEnforcing, "on stop, leave the pinned gate enforcing the last decisions until --fail-open-after (false: remove it)")
 	fs.BoolVar(&o.uninstall, "uninstall", false, "remove the pinned gate and its directory left by a previous gpud, then exit")
 	fs.StringVar(&cfg.DockerHost, "docker-host", "", "Docker engine for labels and reclaim (default $DOCKER_HOST or the local socket; none disables)")
@@ -202,6 +204,9 @@ func loadRun(args []string, src config.Sources) (*runOptions, *config.Settings, 
 	}
 	if err := config.CheckCDIKind(cfg.CDIKind); err != nil {
 		return nil, nil, bad("cdi-kind", "%v", err)
+	}
+	if _, err := bpf.ParseDriverSymbols(cfg.DriverSymbols); err != nil {
+		return nil, nil, bad("driver-symbols", "%v", err)
 	}
 	if strings.TrimSpace(cfg.StateFile) == "" {
 		return nil, nil, bad("state-file", "is empty")

@@ -32,6 +32,15 @@ type Run struct {
 	// a host, the host's driver root mounted into gpud's pod otherwise.
 	DriverRoot string
 	RingBytes  uint32 // kernel → user ring buffer size
+	// Hooks is how the kernel side observes GPU fds: "syscalls"
+	// (sys_enter/sys_exit tracepoints: every syscall of the node pays) or
+	// "driver" (the gate reports opens; the driver's release and
+	// receive_fd are probed where the kernel has kprobes; nothing on the
+	// syscall path).
+	Hooks string
+	// DriverSymbols names the driver functions --hooks driver probes
+	// (bpf.ParseDriverSymbols: "release=a,b;receive=c"); "" is NVIDIA's.
+	DriverSymbols string
 
 	// The gate and preemption.
 	Enforce         bool
@@ -152,6 +161,7 @@ func Defaults() Run {
 		UseNVML:            true,
 		DriverRoot:         "/",
 		RingBytes:          1 << 20, // 16 384 events of 64 bytes; counted twice in RSS (mapped twice)
+		Hooks:              "syscalls",
 		Enforce:            true,
 		FailOpenAfter:      30 * time.Second,
 		DefaultPriority:    v1.Unmanaged,
@@ -221,6 +231,7 @@ func (r Run) Complete() Run {
 	str(&r.StateDir, d.StateDir)
 	str(&r.ProcRoot, d.ProcRoot)
 	str(&r.DriverRoot, d.DriverRoot)
+	str(&r.Hooks, d.Hooks)
 	str(&r.Reclaim, d.Reclaim)
 	str(&r.PreemptMode, d.PreemptMode)
 	str(&r.CheckpointFallback, d.CheckpointFallback)

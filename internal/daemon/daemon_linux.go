@@ -109,6 +109,9 @@ var ErrGPUsChanged = errors.New("the GPU device nodes changed")
 // changed GPU set: a directory read, nothing per process.
 const rediscoverEvery = 5 * time.Second
 
+// hooksRetry is how often missing driver hooks are tried again.
+const hooksRetry = 30 * time.Second
+
 // New discovers GPUs, loads and attaches the kernel programs and reconciles
 // the ledger with /proc. Run starts the work.
 func New(cfg Config, log *slog.Logger) (*Daemon, error) {
@@ -135,7 +138,12 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 			return nil, err
 		}
 	}
-	if d.mon, err = gate.Attach(bpf.Options{CgroupRoot: root, RingBytes: cfg.RingBytes, PinDir: cfg.PinDir}, gpus, d.monitoring.Load(), cfg.KeepEnforcing, log); err != nil {
+	syms, err := bpf.ParseDriverSymbols(cfg.DriverSymbols)
+	if err != nil {
+		return nil, fmt.Errorf("%w: --driver-symbols: %w", ErrConfig, err)
+	}
+	opts := bpf.Options{CgroupRoot: root, RingBytes: cfg.RingBytes, PinDir: cfg.PinDir, Hooks: cfg.Hooks, Driver: syms}
+	if d.mon, err = gate.Attach(opts, gpus, d.monitoring.Load(), cfg.KeepEnforcing, log); err != nil {
 		return nil, err
 	}
 	d.ledger = occupancy.NewLedger(gpus, cfg.IdleAfter)
@@ -157,6 +165,7 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 		Opened:   d.onOpened,
 		Drained:  d.gate.Drained,
 	}
+	d.logHooks()
 	d.gate.Identify, d.gate.Wall = d.tracker.Identify, d.tracker.Wall
 	d.registry.OnChange = d.gate.ClassChanged
 	if cfg.DRA {
@@ -202,6 +211,40 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	log.Info("gpud started", "gpus", len(gpus), "cgroup_root", root, "cgroup_mode", mode,
 		"monitoring", d.monitoring.Load(), "enforcing", cfg.Enforce, "nvml", d.nvml != nil, "holders", len(d.ledger.FDTable()))
 	return d, nil
+}
+
+// holderRescan is how often the holders' fd tables are re-read when no
+// kernel hook reports closes (--hooks driver without the driver's
+// release): the longest a closed GPU fd stays in the ledger.
+const holderRescan = 2 * time.Second
+
+// logHooks says how GPU fds are observed, and sets the tracker up for
+// what the kernel does not report.
+func (d *Daemon) logHooks() {
+	st := d.mon.Hooks()
+	if st.Mode == bpf.HooksDriver && !st.Complete {
+		d.tracker.RescanHolders = holderRescan
+	}
+	switch {
+	case st.Mode == bpf.HooksSyscalls:
+		d.log.Warn("kernel hooks: syscalls mode, every syscall of every process on the node pays for gpud's sys_enter/sys_exit hooks (--hooks driver avoids them)",
+			"hooks_mode", st.Mode, "attached", st.Attached)
+	case st.Complete:
+		d.log.Info("kernel hooks: driver mode, nothing on the syscall path", "hooks_mode", st.Mode, "attached", st.Attached)
+	default:
+		d.log.Warn("kernel hooks: driver mode without some hooks: closes and passed fds are found by re-reading holders' fd tables and at the periodic reconciliation",
+			"hooks_mode", st.Mode, "attached", st.Attached, "missing", st.Missing, "error", st.Err, "rescan_every", holderRescan)
+	}
+}
+
+// retryHooks attaches the driver hooks that were missing (the driver
+// module loaded after gpud).
+func (d *Daemon) retryHooks() {
+	if d.mon.AttachDriver() {
+		st := d.mon.Hooks()
+		d.log.Info("kernel hooks: driver hooks attached", "hooks_mode", st.Mode, "attached", st.Attached, "missing", st.Missing)
+		d.writer.Kick()
+	}
 }
 
 // enforced reports whether the gate applies the rules to gpu's opens now.
@@ -251,6 +294,8 @@ func (d *Daemon) decorate(f *v1.StateFile) {
 	if d.lender != nil {
 		d.lender.Decorate(f)
 	}
+	st := d.mon.Hooks()
+	f.Hooks = &v1.StateHooks{Mode: st.Mode, Complete: st.Complete, Attached: st.Attached, Missing: st.Missing}
 	if s := d.executor.Suspensions(); len(s) > 0 {
 		f.Suspended = s
 	}
@@ -428,6 +473,7 @@ func (d *Daemon) periodic(ctx context.Context) {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	lastResync := time.Now()
+	lastHooks := time.Now()
 	nvmlFailing := false
 	for {
 		select {
@@ -447,6 +493,10 @@ func (d *Daemon) periodic(ctx context.Context) {
 			}
 			d.ledger.Refresh(now)
 			d.ledger.RefreshComms(d.tracker.Proc.Comm)
+			if now.Sub(lastHooks) >= hooksRetry {
+				lastHooks = now
+				d.retryHooks()
+			}
 			d.gate.Sync()
 			d.kickShares() // after the sample: the memory it judges
 			if d.cfg.ResyncInterval > 0 && now.Sub(lastResync) >= d.cfg.ResyncInterval && d.monitoring.Load() {

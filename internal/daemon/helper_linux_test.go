@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -66,6 +67,30 @@ func helperCmd(f []string) (string, error) {
 			flags |= unix.O_CLOEXEC
 		}
 		fd, err := unix.Open(f[1], flags, 0)
+		return strconv.Itoa(fd), err
+	case "openat2": // openat2 PATH
+		fd, err := unix.Openat2(unix.AT_FDCWD, f[1], &unix.OpenHow{Flags: unix.O_RDWR})
+		return strconv.Itoa(fd), err
+	case "open2": // open2 PATH: the legacy open(2) syscall (x86-64 only)
+		fd, err := legacyOpen(f[1])
+		return strconv.Itoa(fd), err
+	case "reopen": // reopen FD: open /proc/self/fd/FD again (a new file)
+		fd, err := unix.Open("/proc/self/fd/"+f[1], unix.O_RDWR, 0)
+		return strconv.Itoa(fd), err
+	case "byhandle": // byhandle PATH: name_to_handle_at, then open_by_handle_at
+		h, _, err := unix.NameToHandleAt(unix.AT_FDCWD, f[1], 0)
+		if err != nil {
+			return "", err
+		}
+		mnt, err := unix.Open(filepath.Dir(f[1]), unix.O_RDONLY|unix.O_DIRECTORY, 0)
+		if err != nil {
+			return "", err
+		}
+		defer unix.Close(mnt)
+		fd, err := unix.OpenByHandleAt(mnt, h, unix.O_RDWR)
+		return strconv.Itoa(fd), err
+	case "uringopen": // uringopen PATH: IORING_OP_OPENAT; prints the new fd
+		fd, err := uringOpen(f[1])
 		return strconv.Itoa(fd), err
 	case "close":
 		return "ok", unix.Close(atoi(f[1]))

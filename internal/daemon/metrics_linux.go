@@ -78,6 +78,9 @@ func (d *Daemon) metricsSnapshot() metrics.Snapshot {
 	if d.shares != nil {
 		s.ShareOvers, s.SharePreemptions = d.shares.overs.Load(), d.shares.preemptions.Load()
 	}
+	if f.Hooks != nil {
+		s.HooksMode, s.HooksComplete = f.Hooks.Mode, f.Hooks.Complete
+	}
 	s.LeftAlone = map[string]int{}
 	for _, g := range f.LeftAlone {
 		s.LeftAlone[g.Reason]++

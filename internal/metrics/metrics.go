@@ -114,6 +114,10 @@ type Snapshot struct {
 	// ShareOvers counts pods going over their GPU memory share (each going
 	// over once); SharePreemptions the pods the share rule preempted.
 	ShareOvers, SharePreemptions uint64
+	// HooksMode is how GPU fds are observed (driver, syscalls);
+	// HooksComplete: every change is reported by an event.
+	HooksMode     string
+	HooksComplete bool
 }
 
 // GPULabels are a GPU's labels, as dcgm-exporter names them.
@@ -168,6 +172,7 @@ type Metrics struct {
 	memTotal, memUsed, workloadMem, healthy, healthEv *prometheus.Desc
 	nvml, leftAlone, lendable                         *prometheus.Desc
 	shareBytes, shareOver, shareOvers, sharePreempts  *prometheus.Desc
+	hooks                                             *prometheus.Desc
 }
 
 func desc(name, help string, labels ...string) *prometheus.Desc {
@@ -225,6 +230,7 @@ func New(version string, src Source) *Metrics {
 		shareOver:       desc("gpu_memory_share_over", "1 while the pod uses more of the GPU's memory than its claim's share.", "gpu", "UUID", "device", "namespace", "pod", "claim"),
 		shareOvers:      desc("gpu_memory_share_overs_total", "Pods that went over their GPU memory share (each going over counted once)."),
 		sharePreempts:   desc("gpu_memory_share_preemptions_total", "Pods the share rule preempted: low priority, over their share, while a pod within its share needed the memory."),
+		hooks:           desc("kernel_hooks", "1 for the way GPU fds are observed: mode driver (nothing on the syscall path) or syscalls (every syscall on the node pays); complete false: some changes are found only by re-reading holders' fd tables.", "mode", "complete"),
 		gpuEnforced:     desc("gpu_enforced", "1 while the kernel gate applies the priority rules to the GPU's opens; 0 under --enforce=false, with monitoring off, or when the gate cannot protect this GPU (see gpud's log).", "gpu", "UUID", "device"),
 	}
 	m.reg.MustRegister(m.opens, m.preemptions, m.latency, m.buildInfo, collector{m},
@@ -264,7 +270,7 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 		m.events, m.dropped, m.resyncs, m.registered, m.regs, m.lent, m.malformed, m.monitoring, m.enforcing, m.gpuEnforced,
 		m.stateFailures, m.journalFailures, m.journalPending,
 		m.memTotal, m.memUsed, m.workloadMem, m.healthy, m.healthEv, m.nvml, m.leftAlone, m.lendable,
-		m.shareBytes, m.shareOver, m.shareOvers, m.sharePreempts} {
+		m.shareBytes, m.shareOver, m.shareOvers, m.sharePreempts, m.hooks} {
 		ch <- d
 	}
 }
@@ -350,6 +356,9 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(m.nvml, b2f(s.NVML))
 	counter(m.shareOvers, s.ShareOvers)
 	counter(m.sharePreempts, s.SharePreemptions)
+	if s.HooksMode != "" {
+		gauge(m.hooks, 1, s.HooksMode, strconv.FormatBool(s.HooksComplete))
+	}
 	for _, r := range slices.Sorted(maps.Keys(s.LeftAlone)) {
 		gauge(m.leftAlone, float64(s.LeftAlone[r]), r)
 	}

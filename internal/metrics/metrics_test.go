@@ -155,3 +155,22 @@ func TestSharesOfOneSeriesPerPodAndClaim(t *testing.T) {
 		}
 	}
 }
+
+// The kernel hooks' mode is one series, labelled with the mode and whether
+// every change is reported; none before the daemon knows it.
+func TestKernelHooksGauge(t *testing.T) {
+	snap := Snapshot{}
+	m := New("v1", func() Snapshot { return snap })
+	if n := testutil.CollectAndCount(m.Registry(), "gpud_kernel_hooks"); n != 0 {
+		t.Errorf("hooks series without a mode: %d", n)
+	}
+	snap.HooksMode, snap.HooksComplete = "driver", false
+	want := `
+# HELP gpud_kernel_hooks 1 for the way GPU fds are observed: mode driver (nothing on the syscall path) or syscalls (every syscall on the node pays); complete false: some changes are found only by re-reading holders' fd tables.
+# TYPE gpud_kernel_hooks gauge
+gpud_kernel_hooks{complete="false",mode="driver"} 1
+`
+	if err := testutil.GatherAndCompare(m.Registry(), strings.NewReader(want), "gpud_kernel_hooks"); err != nil {
+		t.Fatal(err)
+	}
+}

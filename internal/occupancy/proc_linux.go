@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -507,4 +509,42 @@ func Devs(gpus []GPU) DevIndex {
 		d[unix.Mkdev(g.Major, g.Minor)] = g.Index
 	}
 	return d
+}
+
+// openLike are the syscalls a thread can be in while a GPU open it started
+// has not returned yet (its fd not installed): open, creat, openat,
+// openat2, open_by_handle_at and io_uring_enter (an inline IORING_OP_OPENAT),
+// by number on this architecture and, on x86-64, in the 32-bit ABI too (a
+// number that means another syscall in the other ABI only makes the wait
+// longer).
+var openLike = map[string][]int{
+	"amd64": {2, 85, 257, 437, 304, 426, 5, 8, 295, 342},
+	"arm64": {56, 437, 265, 426},
+}[runtime.GOARCH]
+
+// Opening reports whether thread tid of process tgid may still be inside
+// the open that the gate reported: it is in an open-like syscall, it is
+// running (its syscall cannot be read then), it is an io_uring worker
+// (which opens outside any syscall), or its state cannot be read. False
+// means the open has returned (the new fd, if any, is installed) or the
+// thread is gone.
+func (p *ProcFS) Opening(tgid, tid int) bool {
+	base := filepath.Join(p.Root, strconv.Itoa(tgid), "task", strconv.Itoa(tid))
+	b, err := os.ReadFile(filepath.Join(base, "syscall"))
+	if errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ESRCH) {
+		return false
+	}
+	if err != nil {
+		return true
+	}
+	field, _, _ := strings.Cut(strings.TrimSpace(string(b)), " ")
+	nr, err := strconv.Atoi(field)
+	if err != nil {
+		return true // "running"
+	}
+	if nr < 0 {
+		comm, _ := os.ReadFile(filepath.Join(base, "comm"))
+		return strings.HasPrefix(string(comm), "iou-wrk")
+	}
+	return slices.Contains(openLike, nr)
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -45,6 +46,11 @@ type Tracker struct {
 	Drained func(mono uint64)
 	// Applied, when set, is called after each event is applied (benchmarks).
 	Applied func(*bpf.Event)
+	// RescanHolders, when positive, re-reads every holder's fd table at this
+	// interval: the kernel side reports no closes (--hooks driver where the
+	// driver's release cannot be hooked), so a holder that closed its GPU
+	// fds is dropped at the next rescan, or at its exit.
+	RescanHolders time.Duration
 
 	Events      atomic.Uint64 // events applied
 	Drops       atomic.Uint64 // events the kernel lost
@@ -62,6 +68,33 @@ type Tracker struct {
 	// it saw open a GPU) and all go with a resync.
 	idMu  sync.Mutex
 	known map[int]ProcInfo
+
+	// Opens reported before their fd existed (bpf.FDUnknown): the opener's
+	// fd table is read until it shows the GPU, or the tries run out. Used
+	// by the goroutine that calls Handle only.
+	opening    []pendingOpen
+	nextRescan time.Time
+
+	OpenRetries atomic.Uint64 // fd-table reads of openers that found no fd yet
+	OpenGiveUps atomic.Uint64 // reported opens whose fd never appeared
+}
+
+// pendingOpen is an open reported by the gate, whose fd is not known yet.
+type pendingOpen struct {
+	ev    bpf.Event
+	tries int
+	due   time.Time
+}
+
+// openRetry is when an opener's fd table is read again, after each try
+// that does not find the new fd: the fd is installed when the driver's
+// open returns, which may take seconds (a GPU brought up at its first
+// open). While any open waits here, the gate's confirmations stop short of
+// it (Drained), so no low-priority open gets past a high one in between.
+var openRetry = []time.Duration{
+	time.Millisecond, 2 * time.Millisecond, 5 * time.Millisecond, 10 * time.Millisecond,
+	20 * time.Millisecond, 50 * time.Millisecond, 100 * time.Millisecond, 200 * time.Millisecond,
+	500 * time.Millisecond, time.Second, 2 * time.Second, 5 * time.Second,
 }
 
 // Wall converts a CLOCK_MONOTONIC timestamp to wall-clock time.
@@ -85,6 +118,11 @@ func (t *Tracker) Handle(ev *bpf.Event) {
 	pid := int(ev.TGID)
 	switch ev.Type {
 	case bpf.EventOpen:
+		if ev.FD == bpf.FDUnknown {
+			t.opening = append(t.opening, pendingOpen{ev: *ev})
+			t.resolveOpen(len(t.opening)-1, time.Now())
+			break
+		}
 		info, ok := t.Ledger.Has(pid)
 		if !ok {
 			info, ok = t.cached(pid)
@@ -105,6 +143,8 @@ func (t *Tracker) Handle(ev *bpf.Event) {
 	case bpf.EventFork, bpf.EventExec, bpf.EventResync:
 		t.forget(pid)
 		t.reconcile(pid, at)
+	case bpf.EventRelease:
+		t.released(int(ev.GPU), at)
 	case bpf.EventGateHigh, bpf.EventDeny:
 		if t.Gate != nil {
 			t.Gate(ev)
@@ -116,6 +156,118 @@ func (t *Tracker) Handle(ev *bpf.Event) {
 	}
 	if t.Applied != nil {
 		t.Applied(ev)
+	}
+}
+
+// resolveOpen reads the fd table of pending open i's process: when it shows
+// the GPU, the process is recorded (and Opened called); when the process
+// is gone, or the tries are spent, the open is dropped (the ledger then
+// says what /proc says). Otherwise it is tried again later.
+func (t *Tracker) resolveOpen(i int, now time.Time) {
+	po := &t.opening[i]
+	pid := int(po.ev.TGID)
+	at := t.Wall(po.ev.Mono)
+	done := func() { t.opening = append(t.opening[:i], t.opening[i+1:]...) }
+	// Asked before the fd table is read: an open that had returned by then
+	// has its fd in the table the read finds.
+	opening := t.Proc.Opening(pid, int(po.ev.PID))
+	pf, err := t.Proc.Scan(pid)
+	switch {
+	case errors.Is(err, ErrNoProcess):
+		t.Ledger.RemoveProcess(pid)
+		done()
+		return
+	case err != nil:
+		t.logger().Warn("reading an opener's fds", "pid", pid, "error", err)
+	case len(pf.FDs[int(po.ev.GPU)]) > 0:
+		t.forget(pid)
+		if t.Classify != nil {
+			t.Classify(&pf.Info)
+		}
+		t.Ledger.SetProcess(pf, at)
+		// The open itself, as an fd the ledger knows now: activity as any
+		// open is (a holder's later opens too, without NVML).
+		fds := pf.FDs[int(po.ev.GPU)]
+		t.Ledger.AddFD(pf.Info, int(po.ev.GPU), slices.Max(fds), at)
+		if t.Opened != nil {
+			t.Opened(pf.Info, int(po.ev.GPU), &po.ev)
+		}
+		done()
+		return
+	}
+	if po.tries >= len(openRetry) || (err == nil && !opening) {
+		// The open has returned without leaving the GPU open: it failed
+		// after the gate let it through (the driver refused it), the file
+		// was closed already, or it was an access() check. Nothing to
+		// hold; the fd table read says what the process holds.
+		if err == nil {
+			if t.Classify != nil && len(pf.FDs) > 0 {
+				t.Classify(&pf.Info)
+			}
+			t.Ledger.SetProcess(pf, at)
+		}
+		t.OpenGiveUps.Add(1)
+		done()
+		return
+	}
+	t.OpenRetries.Add(1)
+	po.due = now.Add(openRetry[po.tries])
+	po.tries++
+}
+
+// resolveDue retries the pending opens that are due.
+func (t *Tracker) resolveDue(now time.Time) {
+	for i := 0; i < len(t.opening); {
+		n := len(t.opening)
+		if !t.opening[i].due.After(now) {
+			t.resolveOpen(i, now)
+		}
+		if len(t.opening) == n {
+			i++
+		}
+	}
+}
+
+// confirmable caps what Drained may confirm: nothing from the earliest
+// high-priority open (one the gate marked) whose fd is not known yet on
+// (the gate keeps counting that GPU as opened by high priority until then).
+// Other pending opens hold nothing back: they set no mark.
+func (t *Tracker) confirmable(mono uint64) uint64 {
+	for _, po := range t.opening {
+		if po.ev.PPID == bpf.OpenMarkedHigh && po.ev.Mono <= mono {
+			mono = po.ev.Mono - 1
+		}
+	}
+	return mono
+}
+
+// released re-reads the fd tables of gpu's holders: one of its files lost
+// its last reference (the driver's release), so some holder no longer
+// holds it. Processes with an open pending are left to resolveOpen.
+func (t *Tracker) released(gpu int, at time.Time) {
+	for pid, gpus := range t.Ledger.FDTable() {
+		if _, holds := gpus[gpu]; !holds || t.isOpening(pid) {
+			continue
+		}
+		t.reconcile(pid, at)
+	}
+}
+
+func (t *Tracker) isOpening(pid int) bool {
+	for _, po := range t.opening {
+		if int(po.ev.TGID) == pid {
+			return true
+		}
+	}
+	return false
+}
+
+// rescanHolders re-reads every holder's fd table (RescanHolders).
+func (t *Tracker) rescanHolders(now time.Time) {
+	for pid := range t.Ledger.FDTable() {
+		if !t.isOpening(pid) {
+			t.reconcile(pid, now)
+		}
 	}
 }
 
@@ -270,7 +422,7 @@ func (t *Tracker) Run(ctx context.Context, src EventSource) error {
 	var rec ringbuf.Record
 	var ev bpf.Event
 	for ctx.Err() == nil {
-		src.SetDeadline(time.Now().Add(time.Second))
+		src.SetDeadline(t.wakeAt(time.Now()))
 		err := src.ReadEvent(&rec, &ev)
 		switch {
 		case err == nil:
@@ -284,12 +436,33 @@ func (t *Tracker) Run(ctx context.Context, src EventSource) error {
 			return err
 		}
 		mono := bpf.MonotonicNow()
+		now := time.Now()
+		t.resolveDue(now)
+		if t.RescanHolders > 0 && !now.Before(t.nextRescan) {
+			t.rescanHolders(now)
+			t.nextRescan = now.Add(t.RescanHolders)
+		}
 		if src.Pending() == 0 {
 			t.checkDrops(src)
 			if t.Drained != nil {
-				t.Drained(mono)
+				t.Drained(t.confirmable(mono))
 			}
 		}
 	}
 	return nil
+}
+
+// wakeAt is when Run stops waiting for an event: within a second, and at
+// the next pending open's retry or holder rescan.
+func (t *Tracker) wakeAt(now time.Time) time.Time {
+	at := now.Add(time.Second)
+	for _, po := range t.opening {
+		if po.due.Before(at) {
+			at = po.due
+		}
+	}
+	if t.RescanHolders > 0 && !t.nextRescan.IsZero() && t.nextRescan.Before(at) {
+		at = t.nextRescan
+	}
+	return at
 }

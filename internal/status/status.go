@@ -47,6 +47,7 @@ func renderTable(out io.Writer, f *v1.StateFile, now time.Time, wide bool) error
 	fmt.Fprintf(&w, "node %s  monitoring %s  rules %s  updated %s ago\n", trunc(orDash(f.Node), 30), mon, rules, ago(now, f.UpdatedAt))
 	renderHealth(&w, f.Health, now)
 	renderSource(&w, f)
+	renderHooks(&w, f.Hooks)
 	fmt.Fprintln(&w)
 	tw := tabwriter.NewWriter(&w, 0, 0, 1, ' ', 0)
 	// cut shortens a name to n columns in the table, never in -o wide.
@@ -140,6 +141,28 @@ func renderSource(w io.Writer, f *v1.StateFile) {
 	if d := f.DRA; d != nil {
 		fmt.Fprintf(w, "sharing by memory (DRA %s): %d GPUs offered, %d claims prepared\n", printable(d.Driver), d.Offered, d.Claims)
 	}
+}
+
+// renderHooks says how the kernel side observes GPU fds (files of gpuds
+// before it are silent).
+func renderHooks(w io.Writer, h *v1.StateHooks) {
+	if h == nil {
+		return
+	}
+	line := "kernel hooks " + printable(h.Mode)
+	switch {
+	case h.Mode == "syscalls":
+		line += " (sys_enter/sys_exit: every syscall on the node pays)"
+	case h.Complete:
+		line += " (nothing on the syscall path)"
+	default:
+		var missing []string
+		for _, m := range h.Missing {
+			missing = append(missing, printable(m))
+		}
+		line += " (nothing on the syscall path; missing " + strings.Join(missing, ", ") + ": closes found by re-reading holders' fds)"
+	}
+	fmt.Fprintln(w, line)
 }
 
 // renderGPUFacts lists what NVML says of each GPU (memory, health), why a

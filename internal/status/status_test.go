@@ -494,3 +494,25 @@ func TestRenderShares(t *testing.T) {
 		t.Errorf("-o wide lacks the pod uid:\n%s", b.String())
 	}
 }
+
+// The kernel hooks' mode has its line: what syscalls mode costs, what
+// driver mode misses; files of gpuds before it have none.
+func TestRenderHooks(t *testing.T) {
+	f := realistic()
+	if out := render(t, f); strings.Contains(out, "kernel hooks") {
+		t.Errorf("hooks line without hooks in the file:\n%s", out)
+	}
+	for _, tc := range []struct {
+		hooks v1.StateHooks
+		want  string
+	}{
+		{v1.StateHooks{Mode: "syscalls", Complete: true}, "kernel hooks syscalls (sys_enter/sys_exit: every syscall on the node pays)"},
+		{v1.StateHooks{Mode: "driver", Complete: true}, "kernel hooks driver (nothing on the syscall path)"},
+		{v1.StateHooks{Mode: "driver", Missing: []string{"release (nvidia_close)"}}, "kernel hooks driver (nothing on the syscall path; missing release"},
+	} {
+		f.Hooks = &tc.hooks
+		if out := render(t, f); !strings.Contains(out, tc.want) {
+			t.Errorf("%+v: output lacks %q:\n%s", tc.hooks, tc.want, out)
+		}
+	}
+}

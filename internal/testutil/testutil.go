@@ -54,10 +54,37 @@ var fakeNumbers = [][2]uint32{
 // temporary directory and returns it with the nodes.
 func MakeFakeGPUs(tb testing.TB, n int) (string, []FakeGPU) {
 	tb.Helper()
+	return makeFakeGPUs(tb, n, fakeNumbers)
+}
+
+// driverNumbers are the fake GPUs whose drivers have a release function
+// that can be probed (/dev/full's file_operations have no
+// release), for gpud's driver hooks (--hooks driver): see
+// FakeDriverSymbols.
+var driverNumbers = [][2]uint32{
+	{10, 229}, // /dev/fuse: fuse_dev_open, fuse_dev_release
+	{1, 11},   // /dev/kmsg: devkmsg_open, devkmsg_release
+}
+
+// FakeDriverSymbols is --driver-symbols for the GPUs of MakeFakeDriverGPUs:
+// their drivers' release stands in for nvidia_close (same arguments:
+// inode, file).
+const FakeDriverSymbols = "release=fuse_dev_release,devkmsg_release"
+
+// MakeFakeDriverGPUs is MakeFakeGPUs for the driver hooks: at most two
+// GPUs, whose drivers' releases are FakeDriverSymbols.
+func MakeFakeDriverGPUs(tb testing.TB, n int) (string, []FakeGPU) {
+	tb.Helper()
+	return makeFakeGPUs(tb, n, driverNumbers)
+}
+
+func makeFakeGPUs(tb testing.TB, n int, numbers [][2]uint32) (string, []FakeGPU) {
+	tb.Helper()
 	RequireRoot(tb)
-	if n > len(fakeNumbers) {
-		tb.Fatalf("at most %d fake GPUs", len(fakeNumbers))
+	if n > len(numbers) {
+		tb.Fatalf("at most %d fake GPUs", len(numbers))
 	}
+	fakeNumbers := numbers
 	dir := tb.TempDir()
 	var gpus []FakeGPU
 	for i := 0; i < n; i++ {

@@ -1,0 +1,142 @@
+package bpf_test
+
+import (
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gpud/gpud/bpf"
+	"github.com/gpud/gpud/internal/cgroups"
+	"github.com/gpud/gpud/internal/testutil"
+	"golang.org/x/sys/unix"
+)
+
+func loadDriverMonitor(t *testing.T, gpus []testutil.FakeGPU) *bpf.Monitor {
+	t.Helper()
+	root, _, err := cgroups.V2Root()
+	if err != nil {
+		t.Fatal(err)
+	}
+	syms, err := bpf.ParseDriverSymbols(testutil.FakeDriverSymbols)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := bpf.Load(bpf.Options{CgroupRoot: root, Hooks: bpf.HooksDriver, Driver: syms})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	devs := map[uint32]uint32{}
+	for _, g := range gpus {
+		dev, _ := bpf.KernelDev(g.Major, g.Minor)
+		devs[dev] = uint32(g.Index)
+	}
+	if err := m.SetGPUs(devs); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// In driver mode the gate reports every GPU open (no fd yet), whatever the
+// route; a close says nothing unless the driver's release can be probed,
+// and then only the last close of the file does.
+func TestDriverHooksOpenRelease(t *testing.T) {
+	_, gpus := testutil.MakeFakeDriverGPUs(t, 2)
+	m := loadDriverMonitor(t, gpus)
+	st := m.Hooks()
+	if st.Mode != bpf.HooksDriver || st.Err != nil {
+		t.Fatalf("hooks = %+v, want driver mode", st)
+	}
+	if slices.Contains(st.Attached, "tp_btf/sys_enter") || slices.Contains(st.Attached, "tp_btf/sys_exit") {
+		t.Errorf("driver mode attached a syscall hook: %v", st.Attached)
+	}
+	release := slices.Contains(st.Attached, "kprobe/release:fuse_dev_release")
+	if !release && (st.Complete || len(st.Missing) == 0) {
+		t.Errorf("release not hooked, yet hooks = %+v", st)
+	}
+	t.Logf("hooks: %+v", st)
+
+	for _, g := range gpus {
+		f, err := os.OpenFile(g.Path, os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev, ok := nextEvent(t, m, 2*time.Second)
+		if !ok || ev.Type != bpf.EventOpen || ev.GPU != int32(g.Index) || ev.FD != bpf.FDUnknown {
+			t.Fatalf("after open of GPU %d: %+v ok=%v, want open with an unknown fd", g.Index, ev, ok)
+		}
+		dup, err := unix.Dup(int(f.Fd()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+		if ev, ok := nextEvent(t, m, 200*time.Millisecond); ok {
+			t.Fatalf("event for the close of one of two references: %+v", ev)
+		}
+		unix.Close(dup)
+		ev, ok = nextEvent(t, m, 500*time.Millisecond)
+		switch {
+		case release && (!ok || ev.Type != bpf.EventRelease || ev.GPU != int32(g.Index)):
+			t.Fatalf("after the last close of GPU %d: %+v ok=%v, want release", g.Index, ev, ok)
+		case !release && ok:
+			t.Fatalf("event after a close without release hook: %+v", ev)
+		}
+	}
+	// Other files, devices included, say nothing.
+	for _, p := range []string{"/dev/null", "/proc/self/status"} {
+		g, err := os.Open(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g.Close()
+	}
+	if ev, ok := nextEvent(t, m, 200*time.Millisecond); ok {
+		t.Fatalf("unexpected event for a non-GPU file: %+v", ev)
+	}
+	if n, _ := m.PendingMarks(); n != 0 {
+		t.Errorf("pending marks = %d: the gate marked openers in driver mode", n)
+	}
+}
+
+// A driver that is not there (a CPU node, a module loaded later) leaves
+// the mode incomplete and says which roles are missing; nothing fails.
+func TestDriverHooksMissingSymbols(t *testing.T) {
+	testutil.RequireRoot(t)
+	root, _, err := cgroups.V2Root()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := bpf.Load(bpf.Options{CgroupRoot: root, Hooks: bpf.HooksDriver,
+		Driver: bpf.DriverSymbols{Release: []string{"gpud_no_such_release"}, Receive: []string{"gpud_no_such_receive"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	st := m.Hooks()
+	if st.Complete || len(st.Missing) != 2 || !strings.Contains(st.Missing[0], "gpud_no_such_release") {
+		t.Fatalf("hooks = %+v, want incomplete with release and receive missing", st)
+	}
+	if m.AttachDriver() {
+		t.Error("AttachDriver found symbols that do not exist")
+	}
+}
+
+func TestParseDriverSymbols(t *testing.T) {
+	d, err := bpf.ParseDriverSymbols(testutil.FakeDriverSymbols)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(d.Release, []string{"fuse_dev_release", "devkmsg_release"}) || !slices.Equal(d.Receive, bpf.DefaultDriverSymbols().Receive) {
+		t.Errorf("parsed %+v", d)
+	}
+	if d, err := bpf.ParseDriverSymbols(""); err != nil || d.String() != bpf.DefaultDriverSymbols().String() {
+		t.Errorf("empty: %+v, %v", d, err)
+	}
+	for _, bad := range []string{"release", "open=nvidia_open", "release=a;release=b", "release=a b", "release=", "receive=../x"} {
+		if _, err := bpf.ParseDriverSymbols(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}

@@ -1,0 +1,173 @@
+package daemon_test
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "github.com/gpud/gpud/api/v1"
+	"github.com/gpud/gpud/internal/testutil"
+)
+
+// newDriverEnv is newEnv with gpud in --hooks driver, whatever
+// GPUD_TEST_HOOKS says.
+func newDriverEnv(t *testing.T) *env {
+	e := newEnv(t)
+	e.cfg.Hooks = "driver"
+	e.settleFor = 10 * time.Second
+	return e
+}
+
+// Every route to a GPU fd the kernel offers ends in the right ledger in
+// driver mode, which has no syscall hook: the gate, which runs for every
+// device-file open, reports the open whatever the syscall (or none: an
+// io_uring worker), and the holder is listed while it holds and gone after
+// its last close (by the driver's release where the kernel has kprobes,
+// else by the re-read of the holders' fd tables).
+func TestDriverHooksOpenRoutes(t *testing.T) {
+	e := newDriverEnv(t)
+	e.start()
+	g := e.gpus[0].Path
+	routes := []struct{ name, cmd string }{
+		{"openat", "open " + g},
+		{"openat2", "openat2 " + g},
+		{"open_by_handle_at", "byhandle " + g},
+		{"io_uring IORING_OP_OPENAT", "uringopen " + g},
+	}
+	if runtime.GOARCH == "amd64" {
+		routes = append(routes, struct{ name, cmd string }{"open(2)", "open2 " + g})
+	}
+	for _, r := range routes {
+		h := startHelper(t)
+		fd := int32(h.doInt("%s", r.cmd))
+		e.settle(r.name+": open", holds(h.pid(), 0, fd))
+		// A reopen through /proc/self/fd is another open of the device.
+		re := int32(h.doInt("reopen %d", fd))
+		e.settle(r.name+": reopen through /proc/self/fd", holds(h.pid(), 0, fd, re))
+		h.do("close %d", fd)
+		h.do("close %d", re)
+		e.settle(r.name+": closed", holds(h.pid(), 0))
+	}
+	testutil.WaitStateFile(t, e.cfg.StateFile, 3*time.Second, func(f *v1.StateFile) bool {
+		return f.Hooks != nil && f.Hooks.Mode == "driver" && !slices.Contains(f.Hooks.Attached, "tp_btf/sys_enter") &&
+			(f.Hooks.Complete || len(f.Hooks.Missing) > 0)
+	})
+}
+
+// The 32-bit ABI's open (int 0x80), which the syscall hooks' x86-64
+// syscall numbers do not match: the gate sees it all the same.
+func TestDriverHooksCompatOpen(t *testing.T) {
+	if runtime.GOARCH != "amd64" {
+		testutil.Skip(t, "the 32-bit ABI test is x86-64's")
+	}
+	e := newDriverEnv(t)
+	bin := buildCompatOpener(t, e.gpus[0].Path)
+	e.start()
+	cmd := exec.Command(bin)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		t.Fatalf("32-bit opener: %v", err)
+	}
+	fd, err := strconv.Atoi(strings.TrimSpace(line))
+	if err != nil || fd < 0 {
+		t.Fatalf("32-bit opener printed %q", line)
+	}
+	e.settle("32-bit open", holds(cmd.Process.Pid, 0, int32(fd)))
+	cmd.Process.Kill()
+	cmd.Wait()
+	e.settle("32-bit opener gone", holds(cmd.Process.Pid, 0))
+}
+
+// buildCompatOpener compiles a static 32-bit program, without libc (the
+// test machines have no 32-bit one), that opens path with int 0x80's
+// open, prints the fd and waits.
+func buildCompatOpener(t *testing.T, path string) string {
+	t.Helper()
+	src := filepath.Join(t.TempDir(), "open32.c")
+	bin := strings.TrimSuffix(src, ".c")
+	code := fmt.Sprintf(`
+static long sys3(long nr, long a, long b, long c) {
+	long ret;
+	__asm__ volatile("int $0x80" : "=a"(ret) : "a"(nr), "b"(a), "c"(b), "d"(c) : "memory");
+	return ret;
+}
+void _start(void) {
+	char buf[16];
+	int n = sizeof(buf);
+	long fd = sys3(5, (long)%q, 2, 0); /* open(path, O_RDWR) */
+	unsigned long v = fd < 0 ? 0 : (unsigned long)fd;
+	buf[--n] = '\n';
+	do { buf[--n] = '0' + v %% 10; v /= 10; } while (v);
+	if (fd < 0) buf[--n] = '-';
+	sys3(4, 1, (long)(buf + n), sizeof(buf) - n); /* write(1, ...) */
+	for (;;) sys3(29, 0, 0, 0); /* pause() */
+}
+`, path)
+	if err := os.WriteFile(src, []byte(code), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("cc", "-m32", "-nostdlib", "-static", "-O1", "-o", bin, src).CombinedOutput()
+	if err != nil {
+		testutil.Skip(t, fmt.Sprintf("no 32-bit toolchain (cc -m32): %v %s", err, out))
+	}
+	return bin
+}
+
+// Process events in driver mode: fork, exec (O_CLOEXEC) and exit, dup, and
+// fds passed by SCM_RIGHTS and pidfd_getfd.
+func TestDriverHooksLifecycle(t *testing.T) {
+	e := newDriverEnv(t)
+	e.start()
+	g0, g1 := e.gpus[0].Path, e.gpus[1].Path
+
+	parent := startHelper(t)
+	fd := parent.doInt("open %s cloexec", g0)
+	dup := parent.doInt("dup %d", fd)
+	e.settle("dup", holds(parent.pid(), 0, int32(fd), int32(dup)))
+	parent.do("close %d", dup)
+	child := parent.doInt("spawn %d", fd)
+	e.settle("fork inheritance", all(holds(parent.pid(), 0, int32(fd)), holds(child, 0, 3)))
+	parent.do("close %d", fd)
+	e.settle("parent closes, child keeps", all(holds(parent.pid(), 0), holds(child, 0, 3)))
+
+	h := startHelper(t)
+	cloexec := h.doInt("open %s cloexec", g0)
+	keep := h.doInt("open %s", g1)
+	e.settle("before exec", all(holds(h.pid(), 0, int32(cloexec)), holds(h.pid(), 1, int32(keep))))
+	h.send("exec")
+	e.settle("exec", all(holds(h.pid(), 0), holds(h.pid(), 1, int32(keep))))
+
+	s := startHelper(t)
+	sfd := s.doInt("open %s cloexec", g0)
+	recv := s.doInt("sendfd %d", sfd)
+	e.passedFDsNeedResync(recv)
+	e.settle("SCM_RIGHTS", func(tb table) error {
+		if len(tb[recv][0]) != 1 {
+			return fmt.Errorf("receiver %d holds %v", recv, tb[recv])
+		}
+		return nil
+	})
+	thief := startHelper(t)
+	got := thief.doInt("getfd %d %d", s.pid(), sfd)
+	e.passedFDsNeedResync(thief.pid())
+	e.settle("pidfd_getfd", holds(thief.pid(), 0, int32(got)))
+
+	thief.send("exit")
+	e.settle("exit", holds(thief.pid(), 0))
+}

@@ -1,0 +1,112 @@
+package occupancy
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gpud/gpud/bpf"
+	"golang.org/x/sys/unix"
+)
+
+// nullGPU stands /dev/null in for GPU 0, and zeroGPU /dev/zero (for child
+// processes, whose standard streams are /dev/null): the opens and fd tables
+// are real, no privilege is needed.
+func nullGPU() []GPU { return []GPU{{Index: 0, Device: "/dev/null", Major: 1, Minor: 3}} }
+func zeroGPU() []GPU { return []GPU{{Index: 0, Device: "/dev/zero", Major: 1, Minor: 5}} }
+
+func openEvent(tgid, tid int) *bpf.Event {
+	return &bpf.Event{Type: bpf.EventOpen, TGID: uint32(tgid), PID: uint32(tid), FD: bpf.FDUnknown, GPU: 0, Mono: bpf.MonotonicNow()}
+}
+
+// An open the gate reported before its fd existed (--hooks driver): found
+// in the fd table, the process is recorded with its fd.
+func TestPendingOpenFoundInFDTable(t *testing.T) {
+	f, err := os.Open("/dev/null")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	gpus := nullGPU()
+	l := NewLedger(gpus, time.Minute)
+	opened := 0
+	tr := &Tracker{Ledger: l, Proc: &ProcFS{Root: "/proc", Devs: Devs(gpus)}, Opened: func(ProcInfo, int, *bpf.Event) { opened++ }}
+	ev := openEvent(os.Getpid(), unix.Gettid())
+	tr.Handle(ev)
+	fds := l.FDs(os.Getpid(), 0)
+	if len(fds) == 0 || opened != 1 {
+		t.Fatalf("ledger fds %v, Opened called %d times: want the process with its fds, once", fds, opened)
+	}
+	if got := tr.confirmable(ev.Mono + 10); got != ev.Mono+10 || len(tr.opening) != 0 {
+		t.Errorf("resolved open still pending (%d) or capping confirmations (%d)", len(tr.opening), got)
+	}
+}
+
+// An open whose thread is still inside the open syscall stays pending and,
+// when the gate counted it high, holds the gate's confirmations back; once the thread is out of it with
+// no GPU fd (the open failed, or it was closed at once), it is dropped
+// without waiting for the retries to run out.
+func TestPendingOpenWaitsForTheOpener(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo")
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// The shell blocks in openat on the FIFO until a writer comes.
+	cmd := exec.Command("sh", "-c", "exec 3<"+fifo+"; exec sleep 600")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	pid := cmd.Process.Pid
+	gpus := zeroGPU()
+	proc := &ProcFS{Root: "/proc", Devs: Devs(gpus)}
+	for deadline := time.Now().Add(10 * time.Second); !proc.Opening(pid, pid) || !inSyscall(pid); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the shell never blocked in its open")
+		}
+	}
+	tr := &Tracker{Ledger: NewLedger(gpus, time.Minute), Proc: proc}
+	ev := openEvent(pid, pid)
+	ev.PPID = bpf.OpenMarkedHigh
+	tr.Handle(ev)
+	if len(tr.opening) != 1 {
+		t.Fatalf("open of a thread still in openat: %d pending, want 1", len(tr.opening))
+	}
+	if got := tr.confirmable(ev.Mono + 10); got != ev.Mono-1 {
+		t.Errorf("confirmable = %d, want %d (just before the pending open)", got, ev.Mono-1)
+	}
+	// The same open, not counted high by the gate, holds nothing back.
+	other := &Tracker{Ledger: NewLedger(gpus, time.Minute), Proc: proc}
+	other.Handle(openEvent(pid, pid))
+	if len(other.opening) != 1 || other.confirmable(ev.Mono+10) != ev.Mono+10 {
+		t.Errorf("an open not marked high: %d pending, confirmable %d, want 1 pending and no cap", len(other.opening), other.confirmable(ev.Mono+10))
+	}
+	w, err := os.OpenFile(fifo, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	for deadline := time.Now().Add(10 * time.Second); len(tr.opening) > 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("pending open never dropped after %d tries", tr.opening[0].tries)
+		}
+		tr.resolveDue(time.Now().Add(time.Hour)) // every retry due
+	}
+	if tr.OpenGiveUps.Load() != 1 || len(tr.Ledger.FDTable()) != 0 {
+		t.Errorf("give-ups %d, ledger %v: want the open dropped, nothing held", tr.OpenGiveUps.Load(), tr.Ledger.FDTable())
+	}
+	if got := tr.confirmable(ev.Mono + 10); got != ev.Mono+10 {
+		t.Errorf("confirmable = %d after the open was dropped, want %d", got, ev.Mono+10)
+	}
+}
+
+// inSyscall: pid's thread is blocked in a syscall (not "running").
+func inSyscall(pid int) bool {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "syscall"))
+	return err == nil && !strings.HasPrefix(string(b), "running")
+}
