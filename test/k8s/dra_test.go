@@ -132,15 +132,11 @@ func memQty(t *testing.T, s string) uint64 {
 	return v
 }
 
-// GPU sharing by memory, end to end: gpud from its chart with
-// dra.enabled, two fake GPUs of 16 GiB answered by the NVML double. The
-// node's ResourceSlice lists both with their memory; pods asking 8, 12, 4
-// and 4 GiB are all placed with no GPU over 16 GiB; a fifth asking 12 GiB
-// stays Pending with the scheduler's reason; each pod sees exactly its GPU
-// and its limit; an extended-resource pod runs on the mapping. gpud and
-// kubelet restarted: pods keep running, nothing prepared twice. A claim
-// deleted while gpud is down is unprepared after.
-func TestSharingByMemoryThroughDRA(t *testing.T) {
+// deploySharing deploys gpud from its chart with dra.enabled on two fake
+// GPUs of 16 GiB each, answered by the NVML double under the driver root
+// the chart mounts; it returns the double and gpud's pod.
+func deploySharing(t *testing.T) (*testutil.NVMLDouble, string) {
+	t.Helper()
 	dev, _ := fakeGPU(t)
 	if err := unix.Mknod(filepath.Join(dev, "nvidia1"), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 7))); err != nil {
 		t.Fatal(err)
@@ -153,6 +149,19 @@ func TestSharingByMemoryThroughDRA(t *testing.T) {
 	gp := deployChart(t, dev, "dra.enabled=true", "dra.memoryReserve=0Mi", "hostPaths.driverRoot="+root,
 		"hostPaths.kubeletPlugins="+filepath.Join(kr, "plugins"), "hostPaths.kubeletPluginsRegistry="+filepath.Join(kr, "plugins_registry"),
 		"dra.cdiDir="+env(t, "CDI_SPEC_DIR"))
+	return double, gp
+}
+
+// GPU sharing by memory, end to end: gpud from its chart with
+// dra.enabled, two fake GPUs of 16 GiB answered by the NVML double. The
+// node's ResourceSlice lists both with their memory; pods asking 8, 12, 4
+// and 4 GiB are all placed with no GPU over 16 GiB; a fifth asking 12 GiB
+// stays Pending with the scheduler's reason; each pod sees exactly its GPU
+// and its limit; an extended-resource pod runs on the mapping. gpud and
+// kubelet restarted: pods keep running, nothing prepared twice. A claim
+// deleted while gpud is down is unprepared after.
+func TestSharingByMemoryThroughDRA(t *testing.T) {
+	double, gp := deploySharing(t)
 
 	// The slice: both GPUs, their memory a consumable capacity.
 	var slice string
@@ -353,18 +362,7 @@ spec:
 // high pod's unused 6 GiB is no longer free: the low pod is preempted
 // (killed), the high one untouched.
 func TestShareRuleOnTheCluster(t *testing.T) {
-	dev, _ := fakeGPU(t)
-	if err := unix.Mknod(filepath.Join(dev, "nvidia1"), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 7))); err != nil {
-		t.Fatal(err)
-	}
-	root := t.TempDir()
-	double := testutil.NewNVMLDouble(t, filepath.Join(root, "usr/lib/x86_64-linux-gnu"),
-		testutil.NVMLGPU{Index: 0, Minor: 229, UUID: shareUUID0, Name: "NVIDIA L4", MemoryTotal: 16 << 30},
-		testutil.NVMLGPU{Index: 1, Minor: 7, UUID: shareUUID1, Name: "NVIDIA L4", MemoryTotal: 16 << 30})
-	kr := env(t, "KUBELET_ROOT")
-	deployChart(t, dev, "dra.enabled=true", "dra.memoryReserve=0Mi", "hostPaths.driverRoot="+root,
-		"hostPaths.kubeletPlugins="+filepath.Join(kr, "plugins"), "hostPaths.kubeletPluginsRegistry="+filepath.Join(kr, "plugins_registry"),
-		"dra.cdiDir="+env(t, "CDI_SPEC_DIR"))
+	double, _ := deploySharing(t)
 	testutil.Eventually(t, 60*time.Second, "the node's ResourceSlice", func() bool {
 		out, _ := kubectl(t, "get", "resourceslices", "--field-selector", "spec.driver=gpud.io", "-o", "jsonpath={.items[*].spec.devices[*].name}")
 		return strings.Count(out, "gpu-") == 2
