@@ -192,6 +192,23 @@ static __always_inline int is_consumer(__u32 tgid)
 	return 0;
 }
 
+// gpu_of_inode returns the GPU index of a character-device inode, or -1;
+// *dev gets its dev_t.
+static __always_inline int gpu_of_inode(struct inode *ino, __u32 *dev)
+{
+	if (!ino)
+		return -1;
+	umode_t mode = BPF_CORE_READ(ino, i_mode);
+	if ((mode & S_IFMT) != S_IFCHR)
+		return -1;
+	__u32 rdev = BPF_CORE_READ(ino, i_rdev);
+	__u32 *gpu = bpf_map_lookup_elem(&gpu_devs, &rdev);
+	if (!gpu)
+		return -1;
+	*dev = rdev;
+	return (int)*gpu;
+}
+
 // fd_gpu returns the GPU index behind fd of task t, or -1; *dev gets the
 // GPU's dev_t.
 static __always_inline int fd_gpu(struct task_struct *t, long fd, __u32 *dev)
@@ -209,18 +226,7 @@ static __always_inline int fd_gpu(struct task_struct *t, long fd, __u32 *dev)
 	struct file *f = NULL;
 	if (bpf_probe_read_kernel(&f, sizeof(f), &arr[fd]) || !f)
 		return -1;
-	struct inode *ino = BPF_CORE_READ(f, f_inode);
-	if (!ino)
-		return -1;
-	umode_t mode = BPF_CORE_READ(ino, i_mode);
-	if ((mode & S_IFMT) != S_IFCHR)
-		return -1;
-	__u32 rdev = BPF_CORE_READ(ino, i_rdev);
-	__u32 *gpu = bpf_map_lookup_elem(&gpu_devs, &rdev);
-	if (!gpu)
-		return -1;
-	*dev = rdev;
-	return (int)*gpu;
+	return gpu_of_inode(BPF_CORE_READ(f, f_inode), dev);
 }
 
 static __always_inline void emit_cg(__u32 type, __u32 pid, __u32 tgid, __u32 ppid, __s32 fd, __s32 gpu, __u64 cgroup_id)
@@ -605,23 +611,6 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
 // reference: every last close (close, dup2 over it, close_range, exit,
 // io_uring unregistration) ends there. Arguments are taken from the entry
 // (the driver may finish its work later on its own kernel thread).
-
-// gpu_of_inode returns the GPU index of a character-device inode, or -1;
-// *dev gets its dev_t.
-static __always_inline int gpu_of_inode(struct inode *ino, __u32 *dev)
-{
-	if (!ino)
-		return -1;
-	umode_t mode = BPF_CORE_READ(ino, i_mode);
-	if ((mode & S_IFMT) != S_IFCHR)
-		return -1;
-	__u32 rdev = BPF_CORE_READ(ino, i_rdev);
-	__u32 *gpu = bpf_map_lookup_elem(&gpu_devs, &rdev);
-	if (!gpu)
-		return -1;
-	*dev = rdev;
-	return (int)*gpu;
-}
 
 // A GPU file's last reference is gone (whichever process dropped it, or a
 // kernel thread): user space re-reads the fd tables of that GPU's holders.
