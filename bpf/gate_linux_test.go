@@ -49,9 +49,43 @@ func openFrom(t *testing.T, dir, path string) string {
 	return strings.TrimSpace(string(out))
 }
 
+// verdict checks openFrom's answer: a refusal when refused, else
+// "opened". A kernel that refuses the gate (observe-only) refuses nothing:
+// every open is "opened" there.
+func verdict(m *bpf.Monitor, got string, refused bool) error {
+	if m.GateErr() != nil {
+		refused = false
+	}
+	switch {
+	case refused && !strings.Contains(got, "not permitted"):
+		return fmt.Errorf("%q, want EPERM", got)
+	case !refused && got != "opened":
+		return fmt.Errorf("%q, want opened (gate: %v)", got, m.GateErr())
+	}
+	return nil
+}
+
+// logMode says which path a gate test checks, and that an observe-only
+// monitor protects no GPU.
+func logMode(t *testing.T, m *bpf.Monitor, gpus int) {
+	t.Helper()
+	err := m.GateErr()
+	if err == nil {
+		t.Log("gate loaded: enforcing")
+		return
+	}
+	t.Logf("observe-only (no refusal expected): %v", err)
+	for i := 0; i < gpus; i++ {
+		if m.Protected(uint32(i)) {
+			t.Errorf("GPU %d protected without a gate", i)
+		}
+	}
+}
+
 func TestGateVerdicts(t *testing.T) {
 	_, gpus := testutil.MakeFakeGPUs(t, 2)
 	m := loadMonitor(t, gpus)
+	logMode(t, m, 2)
 	if err := m.Register(uint32(os.Getpid()), 0); err != nil {
 		t.Fatal(err)
 	}
@@ -81,9 +115,8 @@ func TestGateVerdicts(t *testing.T) {
 		{"low, a non-GPU device", lowCtr, "/dev/null", false},
 		{"low, a regular file", lowCtr, "/proc/self/status", false},
 	} {
-		got := openFrom(t, tc.dir, tc.path)
-		if denied := strings.Contains(got, "not permitted"); denied != tc.denied || (!denied && got != "opened") {
-			t.Errorf("%s: %q, want denied=%v", tc.name, got, tc.denied)
+		if err := verdict(m, openFrom(t, tc.dir, tc.path), tc.denied); err != nil {
+			t.Errorf("%s: %v", tc.name, err)
 		}
 	}
 
@@ -92,16 +125,16 @@ func TestGateVerdicts(t *testing.T) {
 	_, otherID := cgroupDir(t, "", "other")
 	until := bpf.MonotonicNow() + uint64(time.Minute)
 	m.SetGPUPolicy(1, bpf.GPUPolicy{ReservedCgroup: otherID, ReservedUntil: until}, bpf.MonotonicNow())
-	if got := openFrom(t, lowCtr, gpus[1].Path); !strings.Contains(got, "not permitted") {
-		t.Errorf("reserved for another cgroup: %q", got)
+	if err := verdict(m, openFrom(t, lowCtr, gpus[1].Path), true); err != nil {
+		t.Errorf("reserved for another cgroup: %v", err)
 	}
 	m.SetGPUPolicy(1, bpf.GPUPolicy{ReservedCgroup: podID, ReservedUntil: until}, bpf.MonotonicNow())
-	if got := openFrom(t, lowCtr, gpus[1].Path); got != "opened" {
-		t.Errorf("reserved for its own pod: %q", got)
+	if err := verdict(m, openFrom(t, lowCtr, gpus[1].Path), false); err != nil {
+		t.Errorf("reserved for its own pod: %v", err)
 	}
 	m.SetGPUPolicy(1, bpf.GPUPolicy{ReservedCgroup: otherID, ReservedUntil: bpf.MonotonicNow() - 1}, bpf.MonotonicNow())
-	if got := openFrom(t, lowCtr, gpus[1].Path); got != "opened" {
-		t.Errorf("expired reservation: %q", got)
+	if err := verdict(m, openFrom(t, lowCtr, gpus[1].Path), false); err != nil {
+		t.Errorf("expired reservation: %v", err)
 	}
 
 	// Fail-open: without a heartbeat for fail-open-after, everything is
@@ -114,21 +147,21 @@ func TestGateVerdicts(t *testing.T) {
 	}
 	m.Heartbeat()
 	beat := time.Now()
-	if got := openFrom(t, lowCtr, gpus[0].Path); !strings.Contains(got, "not permitted") {
-		t.Fatalf("with a fresh heartbeat (%s old): %q", time.Since(beat).Round(time.Millisecond), got)
+	if err := verdict(m, openFrom(t, lowCtr, gpus[0].Path), true); err != nil {
+		t.Fatalf("with a fresh heartbeat (%s old): %v", time.Since(beat).Round(time.Millisecond), err)
 	}
 	time.Sleep(time.Until(beat.Add(window + 300*time.Millisecond)))
-	if got := openFrom(t, lowCtr, gpus[0].Path); got != "opened" {
-		t.Fatalf("after fail-open-after without a heartbeat: %q, want allowed", got)
+	if err := verdict(m, openFrom(t, lowCtr, gpus[0].Path), false); err != nil {
+		t.Fatalf("after fail-open-after without a heartbeat: %v", err)
 	}
 	m.Heartbeat()
-	if got := openFrom(t, lowCtr, gpus[0].Path); !strings.Contains(got, "not permitted") {
-		t.Fatalf("heartbeat back: %q", got)
+	if err := verdict(m, openFrom(t, lowCtr, gpus[0].Path), true); err != nil {
+		t.Fatalf("heartbeat back: %v", err)
 	}
 	// Enforcement off: allowed.
 	m.SetEnforcing(false, 30*time.Second)
-	if got := openFrom(t, lowCtr, gpus[0].Path); got != "opened" {
-		t.Fatalf("enforcement off: %q", got)
+	if err := verdict(m, openFrom(t, lowCtr, gpus[0].Path), false); err != nil {
+		t.Fatalf("enforcement off: %v", err)
 	}
 }
 
@@ -144,17 +177,17 @@ func TestGateHighMark(t *testing.T) {
 	m.SetCgroupPriority(hiID, bpf.PrioHigh)
 	m.SetCgroupPriority(loID, bpf.PrioLow)
 	m.SetGPUPolicy(0, bpf.GPUPolicy{}, bpf.MonotonicNow())
-	if got := openFrom(t, hiDir, gpus[0].Path); got != "opened" {
-		t.Fatalf("high open: %q", got)
+	if err := verdict(m, openFrom(t, hiDir, gpus[0].Path), false); err != nil {
+		t.Fatalf("high open: %v", err)
 	}
 	// No policy update since: only the kernel's mark knows.
-	if got := openFrom(t, loDir, gpus[0].Path); !strings.Contains(got, "not permitted") {
-		t.Fatalf("low open after an unconfirmed high open: %q, want EPERM", got)
+	if err := verdict(m, openFrom(t, loDir, gpus[0].Path), true); err != nil {
+		t.Fatalf("low open after an unconfirmed high open: %v", err)
 	}
 	// User space confirms: the high holder is gone (policy high=0).
 	m.SetGPUPolicy(0, bpf.GPUPolicy{}, bpf.MonotonicNow())
-	if got := openFrom(t, loDir, gpus[0].Path); got != "opened" {
-		t.Fatalf("low open after confirmation: %q", got)
+	if err := verdict(m, openFrom(t, loDir, gpus[0].Path), false); err != nil {
+		t.Fatalf("low open after confirmation: %v", err)
 	}
 }
 
@@ -187,18 +220,18 @@ func TestGateExpectedCgroup(t *testing.T) {
 		t.Fatal(err)
 	}
 	expected, _ := cgroupDir(t, "", "expected")
-	if got := openFrom(t, expected, gpus[0].Path); !strings.Contains(got, "not permitted") {
-		t.Errorf("first open from an expected low cgroup on a high-held GPU: %q, want EPERM", got)
+	if err := verdict(m, openFrom(t, expected, gpus[0].Path), true); err != nil {
+		t.Errorf("first open from an expected low cgroup on a high-held GPU: %v", err)
 	}
 	// A child is classified through its parent, as for a pod's containers.
 	child, _ := cgroupDir(t, expected, "child")
-	if got := openFrom(t, child, gpus[0].Path); !strings.Contains(got, "not permitted") {
-		t.Errorf("child of an expected low cgroup: %q, want EPERM", got)
+	if err := verdict(m, openFrom(t, child, gpus[0].Path), true); err != nil {
+		t.Errorf("child of an expected low cgroup: %v", err)
 	}
 	for _, n := range []string{"forgotten", "other"} {
 		dir, _ := cgroupDir(t, "", n)
-		if got := openFrom(t, dir, gpus[0].Path); got != "opened" {
-			t.Errorf("cgroup %s: %q, want opened (not classified)", n, got)
+		if err := verdict(m, openFrom(t, dir, gpus[0].Path), false); err != nil {
+			t.Errorf("cgroup %s: %v", n, err)
 		}
 	}
 	// Names the kernel key cannot hold exactly, or that are not one path
@@ -252,23 +285,22 @@ func TestGateShareFence(t *testing.T) {
 		{"unfenced low pod, free GPU", otherDir, gpus[0].Path, false},
 		{"fenced pod, a non-GPU device", ctr, "/dev/null", false},
 	} {
-		got := openFrom(t, tc.dir, tc.path)
-		if denied := strings.Contains(got, "not permitted"); denied != tc.denied || (!denied && got != "opened") {
-			t.Errorf("%s: %q, want denied=%v", tc.name, got, tc.denied)
+		if err := verdict(m, openFrom(t, tc.dir, tc.path), tc.denied); err != nil {
+			t.Errorf("%s: %v", tc.name, err)
 		}
 	}
 	m.SetEnforcing(false, 30*time.Second)
-	if got := openFrom(t, ctr, gpus[0].Path); got != "opened" {
-		t.Errorf("enforcement off, fenced pod, another GPU: %q, want allowed", got)
+	if err := verdict(m, openFrom(t, ctr, gpus[0].Path), false); err != nil {
+		t.Errorf("enforcement off, fenced pod, another GPU: %v", err)
 	}
 	m.SetEnforcing(true, 30*time.Second)
 	if err := m.UnfenceCgroup(podID, 0); err != nil {
 		t.Fatal(err)
 	}
-	if got := openFrom(t, ctr, gpus[0].Path); got != "opened" {
-		t.Errorf("fence lifted, free GPU: %q", got)
+	if err := verdict(m, openFrom(t, ctr, gpus[0].Path), false); err != nil {
+		t.Errorf("fence lifted, free GPU: %v", err)
 	}
-	if got := openFrom(t, ctr, gpus[1].Path); !strings.Contains(got, "not permitted") {
-		t.Errorf("fence lifted, high-held GPU: %q, want the table's refusal", got)
+	if err := verdict(m, openFrom(t, ctr, gpus[1].Path), true); err != nil {
+		t.Errorf("fence lifted, high-held GPU: %v (the table's refusal)", err)
 	}
 }

@@ -43,6 +43,10 @@ volatile __u64 fail_open_after_ns = 30ULL * 1000 * 1000 * 1000;
 // fd unknown: user space reads the opener's fd table) instead of marking
 // the task for the openat-exit observer, which is not loaded then.
 volatile __u32 report_opens = 0;
+// --hooks syscalls on a kernel that refuses the gate: nothing marks GPU
+// opens, so the openat-exit observer looks at every new fd itself (set by
+// user space only then: kernels with the gate keep the one-compare exit).
+volatile __u32 check_opens = 0;
 
 // --- kernel-maintained counters, read by user space ---
 volatile __u64 pending_marks = 0; // GPU opens marked by the gate, not yet seen at openat exit
@@ -416,10 +420,12 @@ static __always_inline long consume_mark(__u64 task)
 	return mark;
 }
 
+static __always_inline int on_new_fd(long ret, int holders_only);
+
 static __always_inline int on_open_exit(long ret)
 {
 	if (pending_marks == 0)
-		return 0;
+		return check_opens ? on_new_fd(ret, 0) : 0;
 	__u64 task = bpf_get_current_task();
 	long mark = consume_mark(task);
 	if (mark < 0)

@@ -79,6 +79,7 @@ const (
 	gpudProgOnReceiveFd     = "on_receive_fd"
 	gpudProgOnSysEnter      = "on_sys_enter"
 	gpudProgOnSysExit       = "on_sys_exit"
+	gpudVarCheckOpens       = "check_opens"
 	gpudVarConsumerCgroup   = "consumer_cgroup"
 	gpudVarConsumerTgid     = "consumer_tgid"
 	gpudVarDropped          = "dropped"
@@ -169,6 +170,7 @@ type gpudMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type gpudVariableSpecs struct {
+	CheckOpens      *ebpf.VariableSpec `ebpf:"check_opens"`
 	ConsumerCgroup  *ebpf.VariableSpec `ebpf:"consumer_cgroup"`
 	ConsumerTgid    *ebpf.VariableSpec `ebpf:"consumer_tgid"`
 	Dropped         *ebpf.VariableSpec `ebpf:"dropped"`
@@ -238,6 +240,7 @@ func (m *gpudMaps) Close() error {
 //
 // It can be passed to loadGpudObjects or ebpf.CollectionSpec.LoadAndAssign.
 type gpudVariables struct {
+	CheckOpens      *ebpf.Variable `ebpf:"check_opens"`
 	ConsumerCgroup  *ebpf.Variable `ebpf:"consumer_cgroup"`
 	ConsumerTgid    *ebpf.Variable `ebpf:"consumer_tgid"`
 	Dropped         *ebpf.Variable `ebpf:"dropped"`

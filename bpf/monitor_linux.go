@@ -3,6 +3,7 @@ package bpf
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -48,69 +49,46 @@ const GatePin = "gate"
 // ErrNotBPFFS is returned when a pin directory is not on a bpf filesystem.
 var ErrNotBPFFS = errors.New("bpf: pin directory is not on a bpf filesystem")
 
-// coreObjects are the programs gpud cannot run without, with every map:
-// loaded together (one verifier pass, one failure).
+// coreObjects are every map and global variable, created once in one
+// collection (with no program): each program is loaded apart on them
+// (MapReplacements), so that a kernel refusing one program still runs the
+// others. Without the maps gpud cannot run at all.
 type coreObjects struct {
-	corePrograms
 	gpudMaps
 	gpudVariables
 }
 
-type corePrograms struct {
-	GpudGate *ebpf.Program `ebpf:"gpud_gate"`
-	OnExec   *ebpf.Program `ebpf:"on_exec"`
-	OnExit   *ebpf.Program `ebpf:"on_exit"`
-	OnFork   *ebpf.Program `ebpf:"on_fork"`
-}
-
-func (o *coreObjects) Close() error {
-	p := &o.corePrograms
-	return _GpudClose(p.GpudGate, p.OnExec, p.OnExit, p.OnFork, &o.gpudMaps)
-}
-
-// syscallPrograms are HooksSyscalls' observers, loaded with the core (in
-// one verifier pass, as before the driver hooks existed).
-type syscallPrograms struct {
-	OnSysEnter *ebpf.Program `ebpf:"on_sys_enter"`
-	OnSysExit  *ebpf.Program `ebpf:"on_sys_exit"`
-}
-
-func (p *syscallPrograms) Close() error { return _GpudClose(p.OnSysEnter, p.OnSysExit) }
-
-// driverPrograms are HooksDriver's kprobes, loaded apart from the core on
-// its maps: each attaches on its own, when and where its symbol exists.
-type driverPrograms struct {
-	OnDriverRelease *ebpf.Program `ebpf:"on_driver_release"`
-	OnReceiveFd     *ebpf.Program `ebpf:"on_receive_fd"`
-}
-
-func (p *driverPrograms) Close() error {
-	return _GpudClose(p.OnDriverRelease, p.OnReceiveFd)
-}
-
-// mkdirPrograms classify a cgroup as it is created (expect_cgroup →
-// cgroup_prio). Loaded and attached apart from the rest: a kernel without
-// the cgroup_mkdir tracepoint (or its BTF) runs gpud without them.
-type mkdirPrograms struct {
-	OnCgroupMkdir *ebpf.Program `ebpf:"on_cgroup_mkdir"`
-	OnCgroupRmdir *ebpf.Program `ebpf:"on_cgroup_rmdir"`
-}
-
-func (p *mkdirPrograms) Close() error { return _GpudClose(p.OnCgroupMkdir, p.OnCgroupRmdir) }
+func (o *coreObjects) Close() error { return o.gpudMaps.Close() }
 
 // ErrNoMkdirHook is returned by ExpectCgroup when the cgroup-creation
 // programs are not running (MkdirHook says why).
 var ErrNoMkdirHook = errors.New("bpf: cgroup creation is not observed")
 
+// lifecycle are the process lifecycle tracepoints by program name, each
+// loaded and attached on its own. Without one, what it reports is found at
+// the next /proc reconciliation (Hooks says which is missing).
+var lifecycle = []struct{ prog, tp string }{
+	{"on_fork", "tp_btf/sched_process_fork"},
+	{"on_exec", "tp_btf/sched_process_exec"},
+	{"on_exit", "tp_btf/sched_process_exit"},
+}
+
 // Monitor is the set of loaded and attached programs.
 type Monitor struct {
-	objs  coreObjects
-	sys   syscallPrograms
-	drv   driverPrograms
-	mkdir mkdirPrograms
-	// sections are the global variables' maps (.data, .bss), which the
-	// programs loaded apart share with the core.
+	objs coreObjects
+	// maps are every map of the core by name (the global variables'
+	// .data/.bss included), for the programs loaded apart.
+	maps map[string]*ebpf.Map
+	// sections holds the core's maps not assigned to objs (.data, .bss).
 	sections *ebpf.Collection
+	// progs are the programs loaded, by name.
+	progs map[string]*ebpf.Program
+
+	// gateErr is why the gate is not loaded (nil when it is): gpud then
+	// runs observe-only, the rules applied after the fact.
+	gateErr error
+	// lifeErr is why a lifecycle tracepoint is not attached, by program.
+	lifeErr map[string]error
 
 	hooks   string
 	symbols DriverSymbols
@@ -136,12 +114,19 @@ type Monitor struct {
 	protected map[uint32]bool   // ... and its last policy update went through
 }
 
+// refuseGate, when set (by tests), is taken for the kernel's refusal of
+// the gate: the gate-less path runs on a kernel that has everything.
+var refuseGate error
+
 // Load loads gpud's programs into the kernel and attaches them: the
-// cgroup/dev program at opts.CgroupRoot, the fork/exec/exit tracepoints and,
-// by opts.Hooks, the sys_enter/sys_exit observers (HooksSyscalls, loaded
-// with the core in one pass as before) or the driver kprobes (HooksDriver:
-// loaded apart on the core's maps, each attached where its symbol exists;
-// what is missing is reported by Hooks, never an error).
+// cgroup/dev gate at opts.CgroupRoot, the fork/exec/exit tracepoints and,
+// by opts.Hooks, the sys_enter/sys_exit observers (HooksSyscalls) or the
+// driver kprobes (HooksDriver: each attached where its symbol exists).
+// Every program is loaded apart on the core's maps. Only the maps, the
+// ring buffer and HooksSyscalls' pair are needed: a gate the kernel
+// refuses leaves gpud observe-only (GateErr), and a missing lifecycle,
+// cgroup_mkdir or driver hook is reported by Hooks and MkdirHook, never
+// an error.
 // Nothing is reported until SetGPUs names the GPU device numbers.
 func Load(opts Options) (*Monitor, error) {
 	if opts.CgroupRoot == "" {
@@ -157,7 +142,8 @@ func Load(opts Options) (*Monitor, error) {
 	if opts.RingBytes != 0 {
 		spec.Maps["events"].MaxEntries = opts.RingBytes
 	}
-	m := &Monitor{hooks: opts.Hooks, symbols: opts.Driver.orDefault(), probes: map[string]link.Link{}, probeErr: map[string]error{}}
+	m := &Monitor{hooks: opts.Hooks, symbols: opts.Driver.orDefault(), probes: map[string]link.Link{}, probeErr: map[string]error{},
+		progs: map[string]*ebpf.Program{}, lifeErr: map[string]error{}}
 	switch m.hooks {
 	case "":
 		m.hooks = HooksSyscalls
@@ -170,7 +156,7 @@ func Load(opts Options) (*Monitor, error) {
 		return nil, err
 	}
 	m.pinDir = opts.PinDir
-	if err := m.attach(opts.CgroupRoot); err != nil {
+	if err := m.attach(spec, opts.CgroupRoot); err != nil {
 		m.Close()
 		return nil, err
 	}
@@ -191,77 +177,53 @@ func Load(opts Options) (*Monitor, error) {
 	return m, nil
 }
 
-// coreNames are the programs loaded in one pass with every map.
-var coreNames = []string{"gpud_gate", "on_exec", "on_exit", "on_fork"}
-
-// loadCore loads the maps, the gate and the process lifecycle programs, and
-// HooksSyscalls' observers with them.
+// loadCore creates the maps and the global variables.
 func (m *Monitor) loadCore(spec *ebpf.CollectionSpec) error {
-	want := append([]string(nil), coreNames...)
-	if m.hooks == HooksSyscalls {
-		want = append(want, "on_sys_enter", "on_sys_exit")
-	}
 	cs := spec.Copy()
-	for name := range cs.Programs {
-		if !slices.Contains(want, name) {
-			delete(cs.Programs, name)
-		}
-	}
+	cs.Programs = map[string]*ebpf.ProgramSpec{}
 	coll, err := ebpf.NewCollection(cs)
 	if err != nil {
-		var ve *ebpf.VerifierError
-		if errors.As(err, &ve) {
-			return fmt.Errorf("bpf: loading programs: %+v", ve)
-		}
-		return fmt.Errorf("bpf: loading programs: %w", err)
+		return fmt.Errorf("bpf: creating the maps: %w", err)
 	}
 	m.sections = coll
+	m.maps = maps.Clone(coll.Maps)
 	if err := coll.Assign(&m.objs); err != nil {
-		return fmt.Errorf("bpf: loading programs: %w", err)
-	}
-	if m.hooks == HooksSyscalls {
-		if err := coll.Assign(&m.sys); err != nil {
-			return fmt.Errorf("bpf: loading programs: %w", err)
-		}
+		return fmt.Errorf("bpf: creating the maps: %w", err)
 	}
 	return nil
 }
 
-// sharedMaps are the core's maps by name, for programs loaded apart.
-func (m *Monitor) sharedMaps() map[string]*ebpf.Map {
-	out := map[string]*ebpf.Map{}
-	for name, mp := range m.sections.Maps { // .data, .bss
-		out[name] = mp
+// loadApart loads the named programs on the core's maps (in one verifier
+// pass: all or none). They are m's from then on (Close closes them).
+func (m *Monitor) loadApart(spec *ebpf.CollectionSpec, names ...string) error {
+	cs := spec.Copy()
+	for name := range cs.Programs {
+		if !slices.Contains(names, name) {
+			delete(cs.Programs, name)
+		}
 	}
-	o := &m.objs.gpudMaps
-	for name, mp := range map[string]*ebpf.Map{
-		"cgroup_prio": o.CgroupPrio, "deny_reported": o.DenyReported, "events": o.Events,
-		"expect_cgroup": o.ExpectCgroup, "gpu_confirmed": o.GpuConfirmed, "gpu_devs": o.GpuDevs,
-		"gpu_high_mark": o.GpuHighMark, "gpu_policy": o.GpuPolicy, "holders": o.Holders,
-		"pending": o.Pending, "recv_msgs": o.RecvMsgs,
-	} {
-		out[name] = mp
+	coll, err := ebpf.NewCollectionWithOptions(cs, ebpf.CollectionOptions{MapReplacements: m.maps})
+	if err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			// The verifier's whole log is for a human reading a bug report;
+			// its last line (the reason) is in the error's message.
+			return fmt.Errorf("loading %s: %w", strings.Join(names, ", "), ve)
+		}
+		return fmt.Errorf("loading %s: %w", strings.Join(names, ", "), err)
 	}
-	return out
+	defer coll.Close()
+	for _, name := range names {
+		m.progs[name] = coll.DetachProgram(name)
+	}
+	return nil
 }
 
 // loadDriver loads the driver kprobes on the core's maps (attached by
 // AttachDriver).
 func (m *Monitor) loadDriver(spec *ebpf.CollectionSpec) error {
-	cs := spec.Copy()
-	for name := range cs.Programs {
-		switch name {
-		case "on_driver_release", "on_receive_fd":
-		default:
-			delete(cs.Programs, name)
-		}
-	}
-	if err := cs.LoadAndAssign(&m.drv, &ebpf.CollectionOptions{MapReplacements: m.sharedMaps()}); err != nil {
-		var ve *ebpf.VerifierError
-		if errors.As(err, &ve) {
-			return fmt.Errorf("bpf: loading the driver hooks: %+v", ve)
-		}
-		return fmt.Errorf("bpf: loading the driver hooks: %w", err)
+	if err := m.loadApart(spec, "on_driver_release", "on_receive_fd"); err != nil {
+		return fmt.Errorf("bpf: the driver hooks: %w", err)
 	}
 	return nil
 }
@@ -285,8 +247,8 @@ func (m *Monitor) AttachDriver() bool {
 		syms []string
 		prog *ebpf.Program
 	}{
-		{RoleRelease, m.symbols.Release, m.drv.OnDriverRelease},
-		{RoleReceive, m.symbols.Receive, m.drv.OnReceiveFd},
+		{RoleRelease, m.symbols.Release, m.progs["on_driver_release"]},
+		{RoleReceive, m.symbols.Receive, m.progs["on_receive_fd"]},
 	} {
 		for _, sym := range r.syms {
 			key := r.role + ":" + sym
@@ -321,31 +283,51 @@ type HookStatus struct {
 	// Attached are the hooks running, as "role:symbol" for kprobes
 	// (driver) and program names otherwise.
 	Attached []string
-	// Missing says, for each driver role with none of its symbols hooked,
-	// which were looked for (empty in HooksSyscalls, and when complete).
+	// Missing says what is not running and why: each driver role with
+	// none of its symbols hooked (which were looked for), each lifecycle
+	// tracepoint not attached, and, on a kernel that refuses the gate,
+	// "gate (observe-only: ...)" in either mode and, in HooksDriver,
+	// "opens (...)" (the gate is what reports them there).
 	Missing []string
 	// Complete: every change of a GPU fd is reported by an event. In
-	// HooksDriver, the release and receive roles must be hooked for that;
-	// without them, last closes and passed fds are found by re-reading the
-	// holders' fd tables (Options' caller does it periodically) and by the
-	// full reconciliation.
+	// HooksDriver, the gate and the release and receive roles must be
+	// there for that; without them, opens, last closes and passed fds are
+	// found by re-reading the holders' fd tables (Options' caller does it
+	// periodically) and by the full reconciliation.
 	Complete bool
 	// Err is why the driver programs could not be loaded at all.
 	Err error
+	// Gate is why the gate is not loaded (GateErr): nil when it is.
+	Gate error
 }
 
 // Hooks reports the observation mode and what is attached.
-func (m *Monitor) Hooks() HookStatus {
-	st := HookStatus{Mode: m.hooks, Err: m.drvErr}
-	st.Attached = append(st.Attached, "tp_btf/sched_process_fork", "tp_btf/sched_process_exec", "tp_btf/sched_process_exit")
+func (m *Monitor) Hooks() (st HookStatus) {
+	st = HookStatus{Mode: m.hooks, Err: m.drvErr, Gate: m.gateErr, Complete: true}
+	var life []string
+	for _, l := range lifecycle {
+		if err := m.lifeErr[l.prog]; err != nil {
+			life = append(life, l.tp+" ("+err.Error()+")")
+			st.Complete = false
+			continue
+		}
+		st.Attached = append(st.Attached, l.tp)
+	}
+	defer func() {
+		if m.gateErr != nil {
+			st.Missing = append(st.Missing, "gate (observe-only: "+m.gateErr.Error()+")")
+		}
+		st.Missing = append(st.Missing, life...)
+	}()
 	if m.hooks == HooksSyscalls {
+		// sys_exit checks every new fd itself where the gate is refused
+		// (check_opens): opens are still reported as they happen.
 		st.Attached = append(st.Attached, "tp_btf/sys_enter", "tp_btf/sys_exit")
-		st.Complete = true
 		return st
 	}
 	m.hmu.Lock()
 	defer m.hmu.Unlock()
-	st.Complete = m.drvErr == nil
+	st.Complete = st.Complete && m.drvErr == nil
 	for _, r := range []struct {
 		role string
 		syms []string
@@ -370,28 +352,32 @@ func (m *Monitor) Hooks() HookStatus {
 			st.Complete = false
 		}
 	}
+	if m.gateErr != nil {
+		// In driver mode the gate is what reports opens: without it they
+		// are found only by gpud's /proc rescans.
+		st.Missing = append(st.Missing, "opens ("+m.gateErr.Error()+"; found by re-reading /proc: --hooks syscalls sees them as they happen)")
+		st.Complete = false
+	}
 	return st
 }
+
+// GateErr is why the gate is not loaded: nil when it is. Without it gpud
+// runs observe-only (no open is refused; Protected is false for every
+// GPU), and the rules are applied after the fact.
+func (m *Monitor) GateErr() error { return m.gateErr }
 
 // attachMkdir loads and attaches the cgroup-creation programs on the maps
 // already loaded. Its error is kept, not returned: without them, a class
 // learnt before its cgroup exists is applied when user space finds the
 // cgroup, and the after-the-fact rule judges any open before that.
 func (m *Monitor) attachMkdir(spec *ebpf.CollectionSpec) error {
-	opts := &ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{
-		"cgroup_prio": m.objs.CgroupPrio, "expect_cgroup": m.objs.ExpectCgroup,
-	}}
-	if err := spec.LoadAndAssign(&m.mkdir, opts); err != nil {
-		var ve *ebpf.VerifierError
-		if errors.As(err, &ve) {
-			return fmt.Errorf("bpf: loading the cgroup_mkdir programs: %+v", ve)
-		}
-		return fmt.Errorf("bpf: loading the cgroup_mkdir programs: %w", err)
+	if err := m.loadApart(spec, "on_cgroup_mkdir", "on_cgroup_rmdir"); err != nil {
+		return fmt.Errorf("bpf: the cgroup_mkdir programs: %w", err)
 	}
-	for _, prog := range []*ebpf.Program{m.mkdir.OnCgroupMkdir, m.mkdir.OnCgroupRmdir} {
-		l, err := link.AttachTracing(link.TracingOptions{Program: prog})
+	for _, name := range []string{"on_cgroup_mkdir", "on_cgroup_rmdir"} {
+		l, err := link.AttachTracing(link.TracingOptions{Program: m.progs[name]})
 		if err != nil {
-			return fmt.Errorf("bpf: attaching %s: %w", prog, err)
+			return fmt.Errorf("bpf: attaching %s: %w", name, err)
 		}
 		m.links = append(m.links, l)
 	}
@@ -402,18 +388,52 @@ func (m *Monitor) attachMkdir(spec *ebpf.CollectionSpec) error {
 // nil when they are, else why not.
 func (m *Monitor) MkdirHook() error { return m.mkdirErr }
 
-func (m *Monitor) attach(cgroupRoot string) error {
-	p := &m.objs.corePrograms
-	progs := []*ebpf.Program{p.OnFork, p.OnExec, p.OnExit}
-	if m.hooks == HooksSyscalls {
-		progs = append([]*ebpf.Program{m.sys.OnSysEnter, m.sys.OnSysExit}, progs...)
-	}
-	for _, prog := range progs {
-		l, err := link.AttachTracing(link.TracingOptions{Program: prog})
-		if err != nil {
-			return fmt.Errorf("bpf: attaching %s: %w", prog, err)
+// attach loads and attaches the observers and the gate, each apart. The
+// gate's refusal is kept (GateErr), as is a lifecycle tracepoint's; the
+// syscall observers of HooksSyscalls are the mode itself: their failure is
+// Load's.
+func (m *Monitor) attach(spec *ebpf.CollectionSpec, cgroupRoot string) error {
+	switch {
+	case refuseGate != nil:
+		m.gateErr = fmt.Errorf("the kernel refuses the gate: %w", refuseGate)
+	default:
+		if err := m.loadApart(spec, "gpud_gate"); err != nil {
+			m.gateErr = fmt.Errorf("the kernel refuses the gate: %w", err)
 		}
-		m.links = append(m.links, l)
+	}
+	if m.hooks == HooksSyscalls {
+		if m.gateErr != nil {
+			// Nothing marks GPU opens for sys_exit: it checks each new fd
+			// (set before it attaches, so no open goes unseen).
+			if err := m.objs.CheckOpens.Set(uint32(1)); err != nil {
+				return fmt.Errorf("bpf: turning on the open checks at sys_exit: %w", err)
+			}
+		}
+		if err := m.loadApart(spec, "on_sys_enter", "on_sys_exit"); err != nil {
+			return fmt.Errorf("bpf: the syscall observers: %w", err)
+		}
+		for _, name := range []string{"on_sys_enter", "on_sys_exit"} {
+			l, err := link.AttachTracing(link.TracingOptions{Program: m.progs[name]})
+			if err != nil {
+				return fmt.Errorf("bpf: attaching %s: %w", name, err)
+			}
+			m.links = append(m.links, l)
+		}
+	}
+	for _, l := range lifecycle {
+		if err := m.loadApart(spec, l.prog); err != nil {
+			m.lifeErr[l.prog] = err
+			continue
+		}
+		lk, err := link.AttachTracing(link.TracingOptions{Program: m.progs[l.prog]})
+		if err != nil {
+			m.lifeErr[l.prog] = fmt.Errorf("attaching %s: %w", l.prog, err)
+			continue
+		}
+		m.links = append(m.links, lk)
+	}
+	if m.gateErr != nil {
+		return nil
 	}
 	if m.pinDir != "" {
 		if err := ensureBPFFS(m.pinDir); err != nil {
@@ -438,7 +458,7 @@ func (m *Monitor) attach(cgroupRoot string) error {
 		}
 	}
 	l, err := link.AttachCgroup(link.CgroupOptions{
-		Path: cgroupRoot, Attach: ebpf.AttachCGroupDevice, Program: p.GpudGate,
+		Path: cgroupRoot, Attach: ebpf.AttachCGroupDevice, Program: m.progs["gpud_gate"],
 	})
 	if err != nil {
 		return fmt.Errorf("bpf: attaching the device gate at %s: %w", cgroupRoot, err)
@@ -498,7 +518,7 @@ func (m *Monitor) TakeOver() error {
 	if !m.adopted {
 		return nil
 	}
-	if err := m.gate.Update(m.objs.GpudGate); err != nil {
+	if err := m.gate.Update(m.progs["gpud_gate"]); err != nil {
 		return fmt.Errorf("bpf: replacing the previous gate program: %w", err)
 	}
 	m.adopted = false
@@ -614,13 +634,13 @@ func (m *Monitor) addGPU(dev, idx uint32) error {
 	return nil
 }
 
-// Protected reports whether the gate judges opens of GPU index gpu: its
-// device is tracked with all its policy entries, and its last policy
-// update went through.
+// Protected reports whether the gate judges opens of GPU index gpu: the
+// gate is loaded, the GPU's device is tracked with all its policy entries,
+// and its last policy update went through.
 func (m *Monitor) Protected(gpu uint32) bool {
 	m.gmu.Lock()
 	defer m.gmu.Unlock()
-	return m.protected[gpu]
+	return m.gateErr == nil && m.protected[gpu]
 }
 
 // SetMonitoring flips the kernel monitoring switch.
@@ -912,7 +932,11 @@ func (m *Monitor) Close() error {
 		errs = append(errs, m.gate.Close())
 		m.gate = nil
 	}
-	errs = append(errs, m.mkdir.Close(), m.drv.Close(), m.sys.Close(), m.objs.Close())
+	for _, p := range m.progs {
+		errs = append(errs, p.Close())
+	}
+	m.progs = nil
+	errs = append(errs, m.objs.Close())
 	if m.sections != nil {
 		m.sections.Close()
 		m.sections = nil
