@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -39,7 +40,7 @@ func startOddDaemon(t *testing.T, devDir, prefix, metricsAddr string) (*daemon.D
 	t.Helper()
 	dir := t.TempDir()
 	cfg := daemon.Config{Run: config.Run{DevDir: devDir, StateFile: filepath.Join(dir, "state.json"), StateDir: dir,
-		IdleAfter: time.Minute, NodeName: "odd", Enforce: true, FailOpenAfter: 30 * time.Second,
+		IdleAfter: time.Minute, NodeName: "odd", Enforce: true, FailOpenAfter: 30 * time.Second, Hooks: testHooks(),
 		DockerHost: "none", CRIEndpoint: "none", Reclaim: preempt.ReclaimNone, ReservationTTL: 30 * time.Second,
 		MetricsAddr: metricsAddr}}
 	logs := &testutil.Buffer{}
@@ -101,9 +102,12 @@ func TestGateOddDeviceNodes(t *testing.T) {
 	if a := f.GPUs[0].Aliases; len(a) != 1 || filepath.Base(a[0]) != "nvidia7" {
 		t.Errorf("GPU 0 aliases %v, want [.../nvidia7]", a)
 	}
+	// A kernel that refuses the gate runs gpud observe-only: no GPU is
+	// enforced and nothing is refused (gpud says so in the state file).
+	enforcing := !observeOnly(f)
 	for _, g := range f.GPUs {
-		if g.Enforced == nil || !*g.Enforced {
-			t.Errorf("GPU %d: enforced %v, want true", g.Index, g.Enforced)
+		if g.Enforced == nil || *g.Enforced != enforcing {
+			t.Errorf("GPU %d: enforced %v, want %v (hooks %+v)", g.Index, g.Enforced, enforcing, f.Hooks)
 		}
 	}
 
@@ -118,9 +122,18 @@ func TestGateOddDeviceNodes(t *testing.T) {
 	high.doInt("open %s", filepath.Join(devDir, "nvidia300"))
 	testutil.Eventually(t, 5*time.Second, "the condition", func() bool { return d.Ledger().Counts()[300].High == 1 })
 	time.Sleep(5 * time.Millisecond) // the gate's confirmation (every ms)
-	if ans := low.try("open %s", filepath.Join(devDir, "nvidia300")); !strings.Contains(ans, "operation not permitted") {
-		t.Fatalf("low open of GPU 300 held by high priority: %q, want EPERM", ans)
+	ans := low.try("open %s", filepath.Join(devDir, "nvidia300"))
+	if refused := strings.Contains(ans, "operation not permitted"); refused != enforcing {
+		t.Fatalf("low open of GPU 300 held by high priority: %q, want refused=%v", ans, enforcing)
 	}
+}
+
+// observeOnly reports whether gpud says it runs without the gate (the
+// kernel refuses it): rules not enforced, the gate among the missing hooks.
+func observeOnly(f *v1.StateFile) bool {
+	return !f.Enforcing && f.Hooks != nil && slices.ContainsFunc(f.Hooks.Missing, func(m string) bool {
+		return strings.HasPrefix(m, "gate (observe-only: the kernel refuses the gate")
+	})
 }
 
 // A GPU the gate cannot protect is shown, never silently open (issue 14,

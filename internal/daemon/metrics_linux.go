@@ -67,7 +67,7 @@ func (d *Daemon) metricsSnapshot() metrics.Snapshot {
 		Resyncs:    map[string]uint64{},
 		Malformed:  d.registry.MalformedSeen.Load(),
 		Monitoring: d.monitoring.Load(),
-		Enforcing:  d.enforcing(),
+		Enforcing:  d.gateEnforcing(),
 
 		StateWriteFailures: d.writer.Failures.Load(),
 	}

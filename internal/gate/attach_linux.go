@@ -39,6 +39,11 @@ func Attach(opts bpf.Options, gpus []occupancy.GPU, monitoring, keep bool, log *
 	}
 	if err == nil {
 		mon.KeepGate(keep)
+		if gerr := mon.GateErr(); gerr != nil {
+			// Monitoring, lending and the after-the-fact rules go on: only
+			// the refusals at open time are lost.
+			log.Error("observe-only: "+gerr.Error()+": no GPU open is refused, the rules are applied after the fact", "error", gerr)
+		}
 	}
 	return mon, err
 }
