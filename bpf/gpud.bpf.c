@@ -15,7 +15,10 @@
 // at once for everybody else.
 //
 // That is --hooks syscalls, whose sys_enter/sys_exit programs make every
-// syscall on the node take the tracepoint slow path. --hooks driver loads
+// syscall on the node take the tracepoint slow path. On a kernel that
+// refuses the gate (5.10) nothing marks GPU opens: user space sets
+// check_opens, read only when no mark is pending, and the openat-exit
+// observer then looks up every new fd itself. --hooks driver loads
 // neither: the gate reports GPU opens itself (report_opens), and kprobes on
 // the driver's release and on receive_fd, which run for nothing else, report
 // last closes and passed fds.
