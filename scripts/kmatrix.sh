@@ -212,6 +212,8 @@ run bpf $ROOT/bpf $CACHE/run/bin/bpf.test -test.v -test.count=1 -test.timeout=5m
 # the documented configuration (sys_exit checks each new fd itself).
 if grep -q 'gate refused by this kernel' /tmp/bpf.out; then
 	echo "KMATRIX GATE refused: daemon tests with GPUD_TEST_HOOKS=syscalls"
+	# --hooks driver must still start there (opens found by /proc scans).
+	GPUD_TEST_HOOKS=driver run daemon-driver $ROOT/internal/daemon $CACHE/run/bin/daemon.test -test.v -test.count=1 -test.timeout=5m -test.run '^TestStartupFindsExistingHolder\$'
 	export GPUD_TEST_HOOKS=syscalls
 else
 	echo "KMATRIX GATE loaded"
@@ -253,11 +255,12 @@ for s in "${SUITES[@]}"; do
 	boot "$kdir" "$logf"
 	kver=$(sed -n 's/^KMATRIX KERNEL \([^[:space:]]*\).*/\1/p' "$logf" | head -1)
 	gate=$(sed -n 's/^KMATRIX GATE \([a-z]*\).*/\1/p' "$logf" | head -1)
-	for t in bpf daemon; do
+	extra=$(sed -n 's/^KMATRIX BEGIN \(daemon-driver\)[[:space:]]*$/\1/p' "$logf")
+	for t in bpf daemon $extra; do
 		rc=$(sed -n "s/^KMATRIX RC $t \([0-9]*\).*/\1/p" "$logf" | head -1)
-		pass=$(sed -n "/^KMATRIX BEGIN $t/,/^KMATRIX RC $t/p" "$logf" | grep -c -- '^--- PASS' || true)
-		failed=$(sed -n "/^KMATRIX BEGIN $t/,/^KMATRIX RC $t/p" "$logf" | grep -- '^--- FAIL' | awk '{print $3}' | tr '\n' ' ' || true)
-		skipped=$(sed -n "/^KMATRIX BEGIN $t/,/^KMATRIX RC $t/p" "$logf" | grep -c -- '^--- SKIP' || true)
+		pass=$(sed -n "/^KMATRIX BEGIN $t[[:space:]]*\$/,/^KMATRIX RC $t /p" "$logf" | grep -c -- '^--- PASS' || true)
+		failed=$(sed -n "/^KMATRIX BEGIN $t[[:space:]]*\$/,/^KMATRIX RC $t /p" "$logf" | grep -- '^--- FAIL' | awk '{print $3}' | tr '\n' ' ' || true)
+		skipped=$(sed -n "/^KMATRIX BEGIN $t[[:space:]]*\$/,/^KMATRIX RC $t /p" "$logf" | grep -c -- '^--- SKIP' || true)
 		verdict=ok
 		[[ $rc == 0 ]] || { verdict=FAIL; fail=1; }
 		printf '%-9s %-22s gate=%-7s %-7s rc=%-4s passed=%-3s skipped=%-2s failed=%s (%ds)\n' \
