@@ -107,7 +107,7 @@ func TestRunBadSettings(t *testing.T) {
 		{nil, map[string]string{"GPUD_IDLE_AFTER": "5"}, `run: idle-after (env GPUD_IDLE_AFTER): invalid duration "5" (want e.g. 30s, 5m or 1h)`},
 		{nil, map[string]string{"GPUD_DEFAULT_PRIORITY": "medium"}, `run: default-priority (env GPUD_DEFAULT_PRIORITY): invalid value "medium": want unmanaged, low or high`},
 		{nil, map[string]string{"GPUD_RECLAIM": "kill"}, `run: reclaim (env GPUD_RECLAIM): invalid value "kill": want stop, remove, evict, delete or none`},
-		{nil, map[string]string{"GPUD_HOOKS": "kprobes"}, `run: hooks (env GPUD_HOOKS): invalid value "kprobes": want syscalls or driver`},
+		{nil, map[string]string{"GPUD_HOOKS": "kprobes"}, `run: hooks (env GPUD_HOOKS): invalid value "kprobes": want driver or syscalls`},
 		{[]string{"--driver-symbols", "open=nvidia_open"}, nil, `run: driver-symbols (flag --driver-symbols): driver symbols "open=nvidia_open": unknown role "open" (want release or receive)`},
 		{nil, map[string]string{"GPUD_LOG_LEVEL": "verbose"}, `run: log-level (env GPUD_LOG_LEVEL): invalid value "verbose": want debug, info, warn or error`},
 		{nil, map[string]string{"GPUD_NVML": "on"}, `run: nvml (env GPUD_NVML): invalid value "on": want auto or off`},

@@ -32,11 +32,11 @@ type Run struct {
 	// a host, the host's driver root mounted into gpud's pod otherwise.
 	DriverRoot string
 	RingBytes  uint32 // kernel → user ring buffer size
-	// Hooks is how the kernel side observes GPU fds: "syscalls"
-	// (sys_enter/sys_exit tracepoints: every syscall of the node pays) or
-	// "driver" (the gate reports opens; the driver's release and
+	// Hooks is how the kernel side observes GPU fds: "driver", the
+	// default (the gate reports opens; the driver's release and
 	// receive_fd are probed where the kernel has kprobes; nothing on the
-	// syscall path).
+	// syscall path) or "syscalls" (sys_enter/sys_exit tracepoints: every
+	// syscall of the node pays; for kernels whose gate cannot report opens).
 	Hooks string
 	// DriverSymbols names the driver functions --hooks driver probes
 	// (bpf.ParseDriverSymbols: "release=a,b;receive=c"); "" is NVIDIA's.
@@ -161,7 +161,7 @@ func Defaults() Run {
 		UseNVML:            true,
 		DriverRoot:         "/",
 		RingBytes:          1 << 20, // 16 384 events of 64 bytes; counted twice in RSS (mapped twice)
-		Hooks:              "syscalls",
+		Hooks:              "driver",
 		Enforce:            true,
 		FailOpenAfter:      30 * time.Second,
 		DefaultPriority:    v1.Unmanaged,

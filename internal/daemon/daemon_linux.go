@@ -142,7 +142,11 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: --driver-symbols: %w", ErrConfig, err)
 	}
-	opts := bpf.Options{CgroupRoot: root, RingBytes: cfg.RingBytes, PinDir: cfg.PinDir, Hooks: cfg.Hooks, Driver: syms}
+	hooks := cfg.Hooks
+	if hooks == "" {
+		hooks = config.Defaults().Hooks
+	}
+	opts := bpf.Options{CgroupRoot: root, RingBytes: cfg.RingBytes, PinDir: cfg.PinDir, Hooks: hooks, Driver: syms}
 	if d.mon, err = gate.Attach(opts, gpus, d.monitoring.Load(), cfg.KeepEnforcing, log); err != nil {
 		return nil, err
 	}
@@ -164,6 +168,9 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 		Gate:     d.onGateEvent,
 		Opened:   d.onOpened,
 		Drained:  d.gate.Drained,
+		// Holders found by a resync are judged at once (a no-op until
+		// Judge has started judging at start-up).
+		Resynced: func() { d.gate.Rejudge("found holding at a /proc resync") },
 	}
 	d.logHooks()
 	d.gate.Identify, d.gate.Wall = d.tracker.Identify, d.tracker.Wall
@@ -228,7 +235,7 @@ func (d *Daemon) logHooks() {
 	switch {
 	case st.Mode == bpf.HooksSyscalls:
 		d.log.Warn("kernel hooks: syscalls mode, every syscall of every process on the node pays for gpud's sys_enter/sys_exit hooks (--hooks driver avoids them)",
-			"hooks_mode", st.Mode, "attached", st.Attached, "missing", st.Missing)
+			"hooks_mode", st.Mode, "attached", st.Attached)
 	case st.Complete:
 		d.log.Info("kernel hooks: driver mode, nothing on the syscall path", "hooks_mode", st.Mode, "attached", st.Attached)
 	default:
@@ -284,7 +291,7 @@ func (d *Daemon) State() v1.StateFile {
 // decorate adds to the state document what the ledger does not know: the
 // rules' switch, the holders' workload names and the loans.
 func (d *Daemon) decorate(f *v1.StateFile) {
-	f.Enforcing = d.gateEnforcing()
+	f.Enforcing = d.enforcing()
 	d.decorateNVML(f)
 	workload.NameHolders(f, d.holderNames)
 	for i := range f.GPUs {
@@ -308,11 +315,6 @@ func (d *Daemon) decorate(f *v1.StateFile) {
 // enforcing: the gate applies the rules now; monitoring off turns them off
 // too (nothing is observed to rule on).
 func (d *Daemon) enforcing() bool { return d.cfg.Enforce && d.monitoring.Load() }
-
-// gateEnforcing is what the state file and the metrics call enforcing: the
-// rules applied at open time, which a kernel that refuses the gate cannot
-// (observe-only there: enforcing still applies them after the fact).
-func (d *Daemon) gateEnforcing() bool { return d.enforcing() && d.mon.GateErr() == nil }
 
 // Ready reports whether the first reconciliation is done and events flow.
 func (d *Daemon) Ready() bool { return d.ready.Load() }

@@ -52,6 +52,7 @@ func TestGateFirstOpen(t *testing.T) {
 				switch {
 				case strings.Contains(s, "OPENED"):
 					opened++
+					t.Logf("%s opened at %s; gpud's holder counts then: %+v", name, time.Now().Format("15:04:05.000000"), e.d.Ledger().Counts())
 				case strings.Contains(s, "not permitted"):
 					refused++
 				default:
@@ -82,6 +83,10 @@ func TestGateFirstOpen(t *testing.T) {
 		n, elapsed.Round(time.Millisecond), refused, opened, afterTheFact, others)
 	if opened != 0 {
 		t.Errorf("%d of %d low containers got a usable fd on a GPU high priority holds", opened, n)
+		for _, r := range e.d.Journal().Recent() {
+			t.Logf("record %+v", r)
+		}
+		t.Logf("gpud's log:\n%s", e.logs.String())
 	}
 	if others != 0 {
 		t.Errorf("%d containers neither opened nor were refused, e.g. %q", others, odd)

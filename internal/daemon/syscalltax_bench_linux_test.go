@@ -27,8 +27,8 @@ var taxLoops = []struct {
 }
 
 // taxModes are the ways gpud can run, each measured against the same
-// baseline: no gpud at all. --hooks syscalls is gpud's default today;
-// --hooks driver puts nothing on the syscall path (on kernels without
+// baseline: no gpud at all. --hooks driver, the default, puts nothing on
+// the syscall path (on kernels without
 // kprobes it attaches no kprobe at all, and costs what it costs with them
 // only on GPU releases and received fds, which these loops never do).
 var taxModes = []struct {

@@ -249,6 +249,8 @@ func (c *Controller) preempt(gpu int, pre occupancy.ProcInfo, victims []preempt.
 func (c *Controller) HandleEvent(ev *bpf.Event) {
 	gpu := int(ev.GPU)
 	switch ev.Type {
+	case bpf.EventOpen:
+		c.openReported(ev)
 	case bpf.EventGateHigh:
 		if c.shared(gpu) {
 			return // an event the kernel emitted before it knew: the share rule judges
@@ -353,6 +355,36 @@ func (c *Controller) DropWaiters(key string) {
 	}
 }
 
+// fulfil ends gpu's reservation when its waiter (by cgroup, or by
+// container where the open came from another cgroup of it) opened it.
+func (c *Controller) fulfil(gpu int, cgroupID uint64, containerID string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if r, ok := c.reserved[gpu]; ok && (r.cgroupID == cgroupID || (r.containerID != "" && r.containerID == containerID)) {
+		delete(c.reserved, gpu)
+		delete(c.until, gpu)
+	}
+}
+
+// openReported handles an open the gate let through, reported before its
+// fd exists (--hooks driver): it fulfils the GPU's reservation even when
+// the opener is gone before its fd could be read (and Opened never runs
+// for it). The opener is read from /proc only while a reservation exists.
+func (c *Controller) openReported(ev *bpf.Event) {
+	gpu := int(ev.GPU)
+	c.mu.Lock()
+	r, ok := c.reserved[gpu]
+	c.mu.Unlock()
+	if !ok {
+		return
+	}
+	containerID := ""
+	if r.cgroupID != ev.CgroupID {
+		containerID = c.opener(ev).ContainerID
+	}
+	c.fulfil(gpu, ev.CgroupID, containerID)
+}
+
 // Opened handles a recorded open (the tracker's hook): a preempted task's
 // resume mark, a reservation's fulfilment, and the rules for opens the
 // gate could not judge (a workload classified only after its open).
@@ -367,12 +399,7 @@ func (c *Controller) Opened(info occupancy.ProcInfo, gpu int, ev *bpf.Event) {
 			}
 		}
 	}
-	c.mu.Lock()
-	if r, ok := c.reserved[gpu]; ok && (r.cgroupID == ev.CgroupID || (r.containerID != "" && r.containerID == info.ContainerID)) {
-		delete(c.reserved, gpu)
-		delete(c.until, gpu)
-	}
-	c.mu.Unlock()
+	c.fulfil(gpu, ev.CgroupID, info.ContainerID)
 
 	if c.shared(gpu) {
 		return // shared by memory: the share rule judges its holders, not the table

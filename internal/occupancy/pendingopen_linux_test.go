@@ -110,3 +110,72 @@ func inSyscall(pid int) bool {
 	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "syscall"))
 	return err == nil && !strings.HasPrefix(string(b), "running")
 }
+
+// Opens of one thread reported while an earlier one of the same GPU waits
+// are folded into it (one fd-table read answers for all of them): the
+// pending list stays at one entry, the earliest high open still caps the
+// confirmations, an open of another kind (not marked high) stays apart,
+// and the fd found resolves them together.
+func TestPendingOpensOfOneThreadCoalesce(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo")
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// The shell blocks in openat on the FIFO, then opens /dev/zero (the
+	// stand-in GPU) and keeps it.
+	cmd := exec.Command("sh", "-c", "exec 3<"+fifo+"; exec 4</dev/zero; exec sleep 600")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	pid := cmd.Process.Pid
+	gpus := zeroGPU()
+	proc := &ProcFS{Root: "/proc", Devs: Devs(gpus)}
+	for deadline := time.Now().Add(10 * time.Second); !proc.Opening(pid, pid) || !inSyscall(pid); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the shell never blocked in its open")
+		}
+	}
+	opened := 0
+	tr := &Tracker{Ledger: NewLedger(gpus, time.Minute), Proc: proc, Opened: func(ProcInfo, int, *bpf.Event) { opened++ }}
+	first := openEvent(pid, pid)
+	first.PPID = bpf.OpenMarkedHigh
+	tr.Handle(first)
+	for i := 0; i < 100; i++ {
+		ev := openEvent(pid, pid)
+		ev.PPID = bpf.OpenMarkedHigh
+		tr.Handle(ev)
+	}
+	if len(tr.opening) != 1 || tr.OpenCoalesced.Load() != 100 {
+		t.Fatalf("101 opens of one thread: %d pending, %d coalesced; want 1 and 100", len(tr.opening), tr.OpenCoalesced.Load())
+	}
+	if got := tr.confirmable(first.Mono + 1e9); got != first.Mono-1 {
+		t.Errorf("confirmable = %d, want %d (just before the earliest high open)", got, first.Mono-1)
+	}
+	plain := openEvent(pid, pid)
+	tr.Handle(plain)
+	if len(tr.opening) != 2 {
+		t.Fatalf("an open not marked high was folded into a high one: %d pending, want 2", len(tr.opening))
+	}
+	other := openEvent(pid, pid+1) // a thread the process does not have: resolved (dropped) on its own
+	other.PPID = bpf.OpenMarkedHigh
+	tr.Handle(other)
+	if tr.OpenCoalesced.Load() != 100 || tr.OpenGiveUps.Load() != 1 {
+		t.Fatalf("another thread's open: %d coalesced, %d given up; want it on its own (100, 1)", tr.OpenCoalesced.Load(), tr.OpenGiveUps.Load())
+	}
+	w, err := os.OpenFile(fifo, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	for deadline := time.Now().Add(10 * time.Second); len(tr.Ledger.FDs(pid, 0)) == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the fd never resolved the coalesced opens (%d pending)", len(tr.opening))
+		}
+		tr.resolveDue(time.Now().Add(time.Hour))
+	}
+	if opened == 0 || opened > 2 {
+		t.Errorf("Opened called %d times for 102 opens in 2 pending entries: want 1 or 2", opened)
+	}
+}

@@ -35,7 +35,8 @@ type Tracker struct {
 	// (bpf.Monitor.WatchProcess); without it, its closes and exit would be
 	// filtered out.
 	Watch func(pid int) error
-	// Gate, when set, receives the gate's events (EventGateHigh, EventDeny).
+	// Gate, when set, receives the gate's events (EventGateHigh, EventDeny,
+	// and EventOpen where the gate reports opens before their fd exists).
 	Gate func(*bpf.Event)
 	// Opened, when set, is called after a GPU open is recorded, with the
 	// holder's identity.
@@ -44,6 +45,11 @@ type Tracker struct {
 	// drained, with the CLOCK_MONOTONIC time taken before the check: every
 	// event the kernel queued before then has been applied.
 	Drained func(mono uint64)
+	// Resynced, when set, is called after each full resync from /proc: a
+	// holder found there came in without an open the rules saw (an fd
+	// passed by SCM_RIGHTS or taken by pidfd_getfd where no hook reports
+	// received files, or events lost), so the rules must judge it now.
+	Resynced func()
 	// Applied, when set, is called after each event is applied (benchmarks).
 	Applied func(*bpf.Event)
 	// RescanHolders, when positive, re-reads every holder's fd table at this
@@ -77,6 +83,9 @@ type Tracker struct {
 
 	OpenRetries atomic.Uint64 // fd-table reads of openers that found no fd yet
 	OpenGiveUps atomic.Uint64 // reported opens whose fd never appeared
+	// OpenCoalesced counts opens folded into a pending open of the same
+	// thread and GPU (coalesce).
+	OpenCoalesced atomic.Uint64
 }
 
 // pendingOpen is an open reported by the gate, whose fd is not known yet.
@@ -84,6 +93,33 @@ type pendingOpen struct {
 	ev    bpf.Event
 	tries int
 	due   time.Time
+	// last is the newest open coalesced into this one (its activity time).
+	last uint64
+}
+
+// coalesce folds an open into a pending one of the same thread, GPU and
+// high mark, and tells whether it did. The fd-table read that resolves
+// the pending open comes after both were queued, so it answers for both:
+// a thread that opens and closes in a loop costs one read per retry
+// interval, not one per open (the event rate would otherwise be bounded by
+// /proc reads). The retries start over, at their shortest interval, as for
+// a new open; the earliest event stays the one confirmable holds back
+// from, the newest is the activity.
+func (t *Tracker) coalesce(ev *bpf.Event) bool {
+	for i := range t.opening {
+		po := &t.opening[i]
+		if po.ev.TGID != ev.TGID || po.ev.PID != ev.PID || po.ev.GPU != ev.GPU || po.ev.PPID != ev.PPID {
+			continue
+		}
+		po.last = max(po.last, ev.Mono)
+		po.tries = 0
+		if due := time.Now().Add(openRetry[0]); po.due.After(due) {
+			po.due = due
+		}
+		t.OpenCoalesced.Add(1)
+		return true
+	}
+	return false
 }
 
 // openRetry is when an opener's fd table is read again, after each try
@@ -119,7 +155,13 @@ func (t *Tracker) Handle(ev *bpf.Event) {
 	switch ev.Type {
 	case bpf.EventOpen:
 		if ev.FD == bpf.FDUnknown {
-			t.opening = append(t.opening, pendingOpen{ev: *ev})
+			if t.Gate != nil {
+				t.Gate(ev)
+			}
+			if t.coalesce(ev) {
+				break
+			}
+			t.opening = append(t.opening, pendingOpen{ev: *ev, last: ev.Mono})
 			t.resolveOpen(len(t.opening)-1, time.Now())
 			break
 		}
@@ -166,7 +208,7 @@ func (t *Tracker) Handle(ev *bpf.Event) {
 func (t *Tracker) resolveOpen(i int, now time.Time) {
 	po := &t.opening[i]
 	pid := int(po.ev.TGID)
-	at := t.Wall(po.ev.Mono)
+	at := t.Wall(max(po.ev.Mono, po.last))
 	done := func() { t.opening = append(t.opening[:i], t.opening[i+1:]...) }
 	// Asked before the fd table is read: an open that had returned by then
 	// has its fd in the table the read finds.
@@ -394,6 +436,9 @@ func (t *Tracker) Resync() error {
 	}
 	t.Ledger.ReplaceAll(procs, time.Now())
 	t.Resyncs.Add(1)
+	if t.Resynced != nil {
+		t.Resynced()
+	}
 	return nil
 }
 
