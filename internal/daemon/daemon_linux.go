@@ -235,7 +235,7 @@ func (d *Daemon) logHooks() {
 	switch {
 	case st.Mode == bpf.HooksSyscalls:
 		d.log.Warn("kernel hooks: syscalls mode, every syscall of every process on the node pays for gpud's sys_enter/sys_exit hooks (--hooks driver avoids them)",
-			"hooks_mode", st.Mode, "attached", st.Attached)
+			"hooks_mode", st.Mode, "attached", st.Attached, "missing", st.Missing)
 	case st.Complete:
 		d.log.Info("kernel hooks: driver mode, nothing on the syscall path", "hooks_mode", st.Mode, "attached", st.Attached)
 	default:
@@ -291,7 +291,7 @@ func (d *Daemon) State() v1.StateFile {
 // decorate adds to the state document what the ledger does not know: the
 // rules' switch, the holders' workload names and the loans.
 func (d *Daemon) decorate(f *v1.StateFile) {
-	f.Enforcing = d.enforcing()
+	f.Enforcing = d.gateEnforcing()
 	d.decorateNVML(f)
 	workload.NameHolders(f, d.holderNames)
 	for i := range f.GPUs {
@@ -315,6 +315,11 @@ func (d *Daemon) decorate(f *v1.StateFile) {
 // enforcing: the gate applies the rules now; monitoring off turns them off
 // too (nothing is observed to rule on).
 func (d *Daemon) enforcing() bool { return d.cfg.Enforce && d.monitoring.Load() }
+
+// gateEnforcing is what the state file and the metrics call enforcing: the
+// rules applied at open time, which a kernel that refuses the gate cannot
+// (observe-only there: enforcing still applies them after the fact).
+func (d *Daemon) gateEnforcing() bool { return d.enforcing() && d.mon.GateErr() == nil }
 
 // Ready reports whether the first reconciliation is done and events flow.
 func (d *Daemon) Ready() bool { return d.ready.Load() }
