@@ -10,6 +10,10 @@ TESTFLAGS ?= -count=1 -p 1 -timeout 30m
 BENCHTIME ?= 1x
 # Time each fuzz target runs for in `make fuzz` and `make test`.
 FUZZTIME  ?= 10s
+# The daemon tests `make test` runs a second time with --hooks syscalls
+# (the opt-in mode; the whole suite runs in the default driver mode): fd
+# tracking, the bypass routes, crashes, the gate's verdicts and overload.
+SYSCALLS_MODE_TESTS ?= ^(TestFDLifecycle|TestForkExecExit|TestFDPassing|TestStartupFindsExistingHolder|TestBypass|TestBypassIOUringResync|TestCrashCampaign|TestGateLowHeldHighOpens|TestGateHighHeldLowDenied|TestGateFirstOpen|TestOverloadDropsResync|TestDriverHooksOpenRoutes)$$
 # The kernels `make test` boots (scripts/kmatrix.sh suites).
 KMATRIX_IN_TEST ?= bullseye bookworm trixie
 IMAGE     ?= gpud.local/gpud:dev
@@ -46,6 +50,7 @@ test: build k8s
 	scripts/image.sh; \
 	$(MAKE) --no-print-directory lint; \
 	$(GO) test $(TESTFLAGS) ./...; \
+	GPUD_TEST_HOOKS=syscalls $(GO) test $(TESTFLAGS) -run '$(SYSCALLS_MODE_TESTS)' ./internal/daemon/; \
 	GO=$(GO) FUZZTIME=$(FUZZTIME) scripts/fuzz.sh; \
 	GO=$(GO) scripts/release.sh --version $(VERSION) --name $(IMAGE) --out bin/release; \
 	scripts/cluster.sh up $(CLUSTER_DIR); \

@@ -220,16 +220,18 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	return d, nil
 }
 
-// holderRescan is how often the holders' fd tables are re-read when no
-// kernel hook reports closes (--hooks driver without the driver's
-// release): the longest a closed GPU fd stays in the ledger.
+// holderRescan is how often the holders' fd tables are re-read in --hooks
+// driver: the longest a closed GPU fd stays in the ledger when no hook
+// reports it (no kprobe on the driver's release, or a close that is not
+// the file's last reference, which the release never sees; a dup is found
+// the same way).
 const holderRescan = 2 * time.Second
 
 // logHooks says how GPU fds are observed, and sets the tracker up for
 // what the kernel does not report.
 func (d *Daemon) logHooks() {
 	st := d.mon.Hooks()
-	if st.Mode == bpf.HooksDriver && !st.Complete {
+	if st.Mode == bpf.HooksDriver {
 		d.tracker.RescanHolders = holderRescan
 	}
 	switch {

@@ -150,16 +150,18 @@ func renderHooks(w io.Writer, h *v1.StateHooks) {
 		return
 	}
 	line := "kernel hooks " + printable(h.Mode)
+	var missing []string
+	for _, m := range h.Missing {
+		missing = append(missing, printable(m))
+	}
 	switch {
+	case h.Mode == "syscalls" && len(missing) > 0:
+		line += " (missing " + strings.Join(missing, ", ") + "; sys_enter/sys_exit: every syscall on the node pays)"
 	case h.Mode == "syscalls":
 		line += " (sys_enter/sys_exit: every syscall on the node pays)"
 	case h.Complete:
 		line += " (nothing on the syscall path)"
 	default:
-		var missing []string
-		for _, m := range h.Missing {
-			missing = append(missing, printable(m))
-		}
 		line += " (nothing on the syscall path; missing " + strings.Join(missing, ", ") + ": closes found by re-reading holders' fds)"
 	}
 	fmt.Fprintln(w, line)

@@ -508,6 +508,7 @@ func TestRenderHooks(t *testing.T) {
 	}{
 		{v1.StateHooks{Mode: "syscalls", Complete: true}, "kernel hooks syscalls (sys_enter/sys_exit: every syscall on the node pays)"},
 		{v1.StateHooks{Mode: "driver", Complete: true}, "kernel hooks driver (nothing on the syscall path)"},
+		{v1.StateHooks{Mode: "syscalls", Missing: []string{"gate (observe-only: the kernel refuses it)"}}, "kernel hooks syscalls (missing gate (observe-only: the kernel refuses it)"},
 		{v1.StateHooks{Mode: "driver", Missing: []string{"release (nvidia_close)"}}, "kernel hooks driver (nothing on the syscall path; missing release"},
 	} {
 		f.Hooks = &tc.hooks
