@@ -159,7 +159,7 @@ func TestCrashCampaign(t *testing.T) {
 	g.args = []string{"run", "--dev-dir", e.cfg.DevDir, "--state-file", e.cfg.StateFile, "--state-dir", dir,
 		"--control-socket", "", "--metrics-addr", g.metrics, "--bpf-pin-dir", pin, "--cri-endpoint", "none",
 		"--reclaim", "none", "--idle-after", "1m", "--resync-interval", "0", "--log-level", "debug",
-		"--checkpoint-root", filepath.Join(dir, "checkpoints")}
+		"--checkpoint-root", filepath.Join(dir, "checkpoints"), "--hooks", testHooks()}
 	t.Cleanup(func() {
 		if g.cmd != nil && g.cmd.ProcessState == nil {
 			g.cmd.Process.Signal(syscall.SIGTERM)
@@ -232,7 +232,10 @@ func TestCrashCampaign(t *testing.T) {
 			time.Sleep(time.Duration(rng.IntN(200)) * time.Millisecond)
 			high.tryOpen(1)
 		})
-		time.Sleep(time.Duration(rng.IntN(400)) * time.Millisecond)
+		// The high open is a `docker exec`, which takes 100–300 ms to
+		// start: up to 800 ms puts the crash before, during and after the
+		// preemption (with 400 ms, 1–2 rounds in 50 preempted anything).
+		time.Sleep(time.Duration(rng.IntN(800)) * time.Millisecond)
 		g.kill9()
 		wg.Wait()
 		g.start()
@@ -264,6 +267,18 @@ func TestCrashCampaign(t *testing.T) {
 			diedByGpud[victim] = true
 		}
 	}
+	// Few rounds catch a preemption in flight (the high open often comes
+	// after the crash); one more with gpud up makes sure the kill path
+	// works on a gate taken over after every crash.
+	victim := low.hold(1)
+	victims = append(victims, victim)
+	testutil.Eventually(t, 10*time.Second, "the last low holder in the state file", func() bool {
+		st, err := stateTable(e.cfg.StateFile)
+		return err == nil && st[victim][1] > 0
+	})
+	high.tryOpen(1)
+	testutil.Eventually(t, 10*time.Second, "the last low holder preempted", func() bool { return !testutil.Alive(victim) })
+	diedByGpud[victim] = true
 	g.kill9()
 	g.start() // the last records resolved
 

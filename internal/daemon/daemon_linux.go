@@ -403,7 +403,16 @@ func (d *Daemon) Run(ctx context.Context) error {
 	changed := make(chan struct{})
 	goRun(func(ctx context.Context) { d.watchGPUs(ctx, changed) })
 	if d.mon.Adopted() {
-		goRun(func(ctx context.Context) { d.gate.TakeOver(ctx, d.mon, d.sources.Done()) })
+		goRun(func(ctx context.Context) {
+			// Opens between the start-up resync and the takeover went to
+			// the previous gate's ring: find their holders in /proc (the
+			// resync judges them).
+			if d.gate.TakeOver(ctx, d.mon, d.sources.Done()) {
+				if err := d.tracker.Resync(); err != nil {
+					d.log.Error("resync after taking over the gate", "error", err)
+				}
+			}
+		})
 	}
 	var loans <-chan struct{}
 	if d.lender != nil {

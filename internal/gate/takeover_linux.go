@@ -21,17 +21,21 @@ type Pinned interface {
 // start-up resync) and the workloads' classes (a first full listing from
 // each source, whose channels close then). Until then the old program keeps
 // deciding with its own maps, so a restart opens no window where a
-// low-priority open gets past a high-priority holder.
-func (c *Controller) TakeOver(ctx context.Context, k Pinned, listed []chan struct{}) {
+// low-priority open gets past a high-priority holder. It reports whether
+// it replaced the old gate: the old program reported the opens it let
+// through in between to the old gpud's ring, which nobody reads, so the
+// caller reads /proc again then.
+func (c *Controller) TakeOver(ctx context.Context, k Pinned, listed []chan struct{}) bool {
 	if !c.awaitListed(ctx, listed, "taking over the gate") {
-		return
+		return false
 	}
 	c.Sync()
 	if err := k.TakeOver(); err != nil {
 		c.Log.Error("replacing the previous gate", "error", err)
-		return
+		return false
 	}
 	c.Log.Info("took over the gate from the previous gpud")
+	return true
 }
 
 // awaitListed waits for every source's first listing, at most takeOverWait;
