@@ -311,10 +311,13 @@ func preemptTrials(b *testing.B, d *benchDaemon, gpus []string, prefix string, t
 	ldir, lid := testutil.Cgroup(b, prefix+"low")
 	d.d.Registry().Put(workload.Workload{CgroupID: hid, Priority: occupancy.High, TaskID: "bench-high"})
 	d.d.Registry().Put(workload.Workload{CgroupID: lid, Priority: occupancy.Low, TaskID: "bench-low"})
-	high := startHelper(b)
-	testutil.JoinCgroup(b, hdir, high.pid())
 	var lat []float64
 	for i := 0; i < trials; i++ {
+		// A high holder per trial, which exits after it: its exit leaves
+		// the ledger at once in every --hooks mode (a close is seen at the
+		// holders' next re-read in driver mode without kprobes).
+		high := startHelper(b)
+		testutil.JoinCgroup(b, hdir, high.pid())
 		var pidfds []int
 		var lows []*helper
 		for j := 0; j < 2; j++ {
@@ -332,8 +335,7 @@ func preemptTrials(b *testing.B, d *benchDaemon, gpus []string, prefix string, t
 		// the gate must know about the low holders before the high open
 		time.Sleep(2 * time.Millisecond)
 		var t0 uint64
-		var hfd int
-		fmt.Sscan(high.do("opentimed %s", gpus[0]), &t0, &hfd)
+		fmt.Sscan(high.do("opentimed %s", gpus[0]), &t0)
 		for _, fd := range pidfds {
 			p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
 			n, err := unix.Poll(p, 5000)
@@ -353,7 +355,8 @@ func preemptTrials(b *testing.B, d *benchDaemon, gpus []string, prefix string, t
 		for _, l := range lows {
 			l.cmd.Wait()
 		}
-		high.do("close %d", hfd)
+		high.cmd.Process.Kill()
+		high.cmd.Wait()
 		testutil.Eventually(b, 5*time.Second, "the condition", func() bool { c := d.d.Ledger().Counts()[0]; return c.High == 0 && c.Low == 0 })
 	}
 	return lat
@@ -565,8 +568,6 @@ func freezeTrials(b *testing.B, d *benchDaemon, gpus []string, prefix string, tr
 	ldir, lid := testutil.Cgroup(b, prefix+"low")
 	d.d.Registry().Put(workload.Workload{CgroupID: hid, Priority: occupancy.High, TaskID: "bench-high"})
 	d.d.Registry().Put(workload.Workload{CgroupID: lid, Priority: occupancy.Low, TaskID: "bench-low"})
-	high := startHelper(b)
-	testutil.JoinCgroup(b, hdir, high.pid())
 	for j := 0; j < 2; j++ {
 		l := startHelper(b)
 		testutil.JoinCgroup(b, ldir, l.pid())
@@ -613,11 +614,13 @@ func freezeTrials(b *testing.B, d *benchDaemon, gpus []string, prefix string, tr
 		return 0, false
 	}
 	for i := 0; i < trials; i++ {
+		// A high holder per trial, which exits after it (see preemptTrials).
+		high := startHelper(b)
+		testutil.JoinCgroup(b, hdir, high.pid())
 		time.Sleep(2 * time.Millisecond) // the gate knows the low holders
 		var t0 uint64
-		var hfd int
 		start := time.Now()
-		fmt.Sscan(high.do("opentimed %s", gpus[0]), &t0, &hfd)
+		fmt.Sscan(high.do("opentimed %s", gpus[0]), &t0)
 		if !waitFrozen(time.Now().Add(5 * time.Second)) {
 			b.Fatalf("trial %d: never frozen", i)
 		}
@@ -626,7 +629,8 @@ func freezeTrials(b *testing.B, d *benchDaemon, gpus []string, prefix string, tr
 		for _, s := range st {
 			s.trial(t0, end)
 		}
-		high.do("close %d", hfd)
+		high.cmd.Process.Kill()
+		high.cmd.Wait()
 		testutil.Eventually(b, 5*time.Second, "thawed", func() bool { return !isFrozen() })
 		testutil.Eventually(b, 5*time.Second, "recorded", func() bool { _, ok := freezeSince(start); return ok })
 		ms, _ := freezeSince(start)
