@@ -51,25 +51,9 @@ func TestPendingOpenFoundInFDTable(t *testing.T) {
 // no GPU fd (the open failed, or it was closed at once), it is dropped
 // without waiting for the retries to run out.
 func TestPendingOpenWaitsForTheOpener(t *testing.T) {
-	dir := t.TempDir()
-	fifo := filepath.Join(dir, "fifo")
-	if err := unix.Mkfifo(fifo, 0o600); err != nil {
-		t.Fatal(err)
-	}
 	// The shell blocks in openat on the FIFO until a writer comes.
-	cmd := exec.Command("sh", "-c", "exec 3<"+fifo+"; exec sleep 600")
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	pid := cmd.Process.Pid
+	pid, fifo, proc := blockedOpener(t, "exec sleep 600")
 	gpus := zeroGPU()
-	proc := &ProcFS{Root: "/proc", Devs: Devs(gpus)}
-	for deadline := time.Now().Add(10 * time.Second); !proc.Opening(pid, pid) || !inSyscall(pid); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the shell never blocked in its open")
-		}
-	}
 	tr := &Tracker{Ledger: NewLedger(gpus, time.Minute), Proc: proc}
 	ev := openEvent(pid, pid)
 	ev.PPID = bpf.OpenMarkedHigh
@@ -117,26 +101,10 @@ func inSyscall(pid int) bool {
 // confirmations, an open of another kind (not marked high) stays apart,
 // and the fd found resolves them together.
 func TestPendingOpensOfOneThreadCoalesce(t *testing.T) {
-	dir := t.TempDir()
-	fifo := filepath.Join(dir, "fifo")
-	if err := unix.Mkfifo(fifo, 0o600); err != nil {
-		t.Fatal(err)
-	}
 	// The shell blocks in openat on the FIFO, then opens /dev/zero (the
 	// stand-in GPU) and keeps it.
-	cmd := exec.Command("sh", "-c", "exec 3<"+fifo+"; exec 4</dev/zero; exec sleep 600")
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	pid := cmd.Process.Pid
+	pid, fifo, proc := blockedOpener(t, "exec 4</dev/zero; exec sleep 600")
 	gpus := zeroGPU()
-	proc := &ProcFS{Root: "/proc", Devs: Devs(gpus)}
-	for deadline := time.Now().Add(10 * time.Second); !proc.Opening(pid, pid) || !inSyscall(pid); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the shell never blocked in its open")
-		}
-	}
 	opened := 0
 	tr := &Tracker{Ledger: NewLedger(gpus, time.Minute), Proc: proc, Opened: func(ProcInfo, int, *bpf.Event) { opened++ }}
 	first := openEvent(pid, pid)
@@ -178,4 +146,28 @@ func TestPendingOpensOfOneThreadCoalesce(t *testing.T) {
 	if opened == 0 || opened > 2 {
 		t.Errorf("Opened called %d times for 102 opens in 2 pending entries: want 1 or 2", opened)
 	}
+}
+
+// blockedOpener starts a shell blocked in its open of a FIFO (until a
+// writer opens it), which then runs then; it returns the shell's PID, the
+// FIFO and a ProcFS for the stand-in GPU /dev/zero.
+func blockedOpener(t *testing.T, then string) (int, string, *ProcFS) {
+	t.Helper()
+	fifo := filepath.Join(t.TempDir(), "fifo")
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("sh", "-c", "exec 3<"+fifo+"; "+then)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	pid := cmd.Process.Pid
+	proc := &ProcFS{Root: "/proc", Devs: Devs(zeroGPU())}
+	for deadline := time.Now().Add(10 * time.Second); !proc.Opening(pid, pid) || !inSyscall(pid); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the shell never blocked in its open")
+		}
+	}
+	return pid, fifo, proc
 }
