@@ -133,7 +133,7 @@ initramfs() {
 	r=$(mktemp -d "$CACHE/initrd.XXXXXX")
 	mkdir -p "$r"/{bin,dev,proc,sys,host,mod}
 	cp "$bb" "$r/bin/busybox"
-	for a in sh mount insmod mkdir chroot poweroff cat echo sleep; do ln -s busybox "$r/bin/$a"; done
+	for a in sh mount insmod mkdir chroot poweroff cat echo sleep sed; do ln -s busybox "$r/bin/$a"; done
 	moddir=$(ls -d "$kdir"/root/lib/modules/*/ "$kdir"/root/usr/lib/modules/*/ 2>/dev/null | head -1 || true)
 	[[ -n $moddir ]] || die "no modules in $kdir"
 	: >"$r/mod/order"
@@ -159,6 +159,11 @@ mount -t proc proc $H/proc
 mount -t sysfs sys $H/sys
 mount -t devtmpfs dev $H/dev
 mkdir -p $H/dev/pts $H/dev/shm 2>/dev/null
+# The checkout (kmatrix.root= on the command line) may be under a directory
+# the tmpfs mounts below cover (a clone in /tmp): keep it at its path.
+src=$(sed -n 's/.*kmatrix\.root=\([^ ]*\).*/\1/p' /proc/cmdline)
+mkdir -p /src
+[ -n "$src" ] && mount -o bind $H$src /src
 # What udev/systemd would add: bash's process substitution needs /dev/fd.
 ln -s /proc/self/fd $H/dev/fd
 ln -s /proc/self/fd/0 $H/dev/stdin
@@ -173,6 +178,9 @@ mount -t cgroup2 cgroup2 $H/sys/fs/cgroup
 mount -t bpf bpf $H/sys/fs/bpf
 mount -t tracefs tracefs $H/sys/kernel/tracing 2>/dev/null
 mount -t debugfs debugfs $H/sys/kernel/debug 2>/dev/null
+if [ -n "$src" ] && [ ! -d $H$src/bpf ]; then
+	mkdir -p $H$src && mount -o bind /src $H$src
+fi
 chroot $H /bin/bash KMATRIX_GUEST
 echo "KMATRIX DONE"
 poweroff -f
@@ -233,7 +241,7 @@ boot() {
 	timeout --foreground -k 10 "$TIMEOUT" qemu-system-x86_64 "${machine[@]}" \
 		-smp 2 -m "$MEM" -nographic -no-reboot -nodefaults -serial stdio \
 		-kernel "$vmlinuz" -initrd "$kdir/initrd.cpio.gz" \
-		-append "console=ttyS0 rdinit=/init panic=-1 quiet loglevel=4" \
+		-append "console=ttyS0 rdinit=/init panic=-1 quiet loglevel=4 kmatrix.root=$ROOT" \
 		-fsdev local,id=hostfs,path=/,security_model=none,readonly=on \
 		-device virtio-9p-pci,fsdev=hostfs,mount_tag=host \
 		</dev/null >"$logf" 2>&1 || true
