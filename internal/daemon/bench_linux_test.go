@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -205,6 +206,25 @@ func BenchmarkEventThroughput(b *testing.B) {
 	b.ReportMetric(median(events), "events-per-pair")
 	b.ReportMetric(float64(drops), "drops")
 	b.ReportMetric(float64(resyncs), "resyncs")
+
+	// The goal's rate, paced (GPUD_THROUGHPUT_RATE, default 100 000 pairs/s
+	// from one generator): drops there say whether gpud keeps up with it.
+	goal := 100000
+	if n, err := strconv.Atoi(os.Getenv("GPUD_THROUGHPUT_RATE")); err == nil && n > 0 {
+		goal = n
+	}
+	var pacedRates []float64
+	var pacedDrops uint64
+	for r := 0; r < 3; r++ {
+		d := startBenchDaemon(b, devDir, 0)
+		pairs := gens[0].doInt("churn %s %d %d", gpus[0], ms, goal)
+		testutil.Eventually(b, 5*time.Second, "the condition", func() bool { return d.d.Monitor().Pending() == 0 })
+		pacedDrops += d.d.Tracker().Drops.Load()
+		d.stop()
+		pacedRates = append(pacedRates, float64(pairs)/(ms/1000.0))
+	}
+	b.ReportMetric(median(pacedRates), "pairs/s-paced")
+	b.ReportMetric(float64(pacedDrops), "drops-paced")
 }
 
 type benchDaemon struct {

@@ -142,10 +142,19 @@ func helperCmd(f []string) (string, error) {
 		t0 := monoNow()
 		fd, err := unix.Open(f[1], unix.O_RDWR|unix.O_CLOEXEC, 0)
 		return fmt.Sprintf("%d %d", t0, fd), err
-	case "churn": // churn PATH MILLIS: open/close pairs in a loop; prints the count
-		deadline := time.Now().Add(time.Duration(atoi(f[2])) * time.Millisecond)
+	case "churn": // churn PATH MILLIS [RATE]: open/close pairs in a loop (at most RATE a second); prints the count
+		start := time.Now()
+		deadline := start.Add(time.Duration(atoi(f[2])) * time.Millisecond)
+		rate := 0
+		if len(f) > 3 {
+			rate = atoi(f[3])
+		}
 		n := 0
 		for time.Now().Before(deadline) {
+			if rate > 0 {
+				// Paced in batches: the batch is due at n/rate seconds.
+				time.Sleep(time.Until(start.Add(time.Duration(float64(n) / float64(rate) * float64(time.Second)))))
+			}
 			for i := 0; i < 256; i++ {
 				fd, err := unix.Open(f[1], unix.O_RDWR|unix.O_CLOEXEC, 0)
 				if err != nil {
