@@ -54,20 +54,13 @@ func TestOpenCloseEvents(t *testing.T) {
 	_, gpus := testutil.MakeFakeGPUs(t, 2)
 	m := loadMonitor(t, gpus)
 
-	f, err := os.OpenFile(gpus[1].Path, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ev, ok := nextEvent(t, m, 2*time.Second)
-	if !ok || ev.Type != bpf.EventOpen || ev.GPU != 1 || ev.FD != int32(f.Fd()) {
-		t.Fatalf("after open: %+v ok=%v, want open of GPU 1 fd %d", ev, ok, f.Fd())
-	}
+	f, ev := openObserved(t, m, gpus[1].Path, 1)
 	if ev.CgroupID == 0 || ev.Comm == "" || ev.PID == 0 {
 		t.Errorf("open event lacks identity: %+v", ev)
 	}
 	fd := f.Fd()
 	f.Close()
-	ev, ok = nextEvent(t, m, 2*time.Second)
+	ev, ok := nextEvent(t, m, 2*time.Second)
 	if !ok || ev.Type != bpf.EventClose || ev.GPU != 1 || ev.FD != int32(fd) {
 		t.Fatalf("after close: %+v ok=%v, want close of GPU 1", ev, ok)
 	}
@@ -123,4 +116,19 @@ func TestSwitchAndRegistration(t *testing.T) {
 	if ev, ok := nextEvent(t, m, 2*time.Second); !ok || ev.Type != bpf.EventOpen {
 		t.Fatalf("no open event after monitoring came back: %+v", ev)
 	}
+}
+
+// openObserved opens path (GPU gpu) and expects the monitor's open event
+// with the new fd; it returns the file and the event.
+func openObserved(t *testing.T, m *bpf.Monitor, path string, gpu int32) (*os.File, bpf.Event) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev, ok := nextEvent(t, m, 2*time.Second)
+	if !ok || ev.Type != bpf.EventOpen || ev.GPU != gpu || ev.FD != int32(f.Fd()) {
+		t.Fatalf("after open: %+v ok=%v, want open of GPU %d fd %d", ev, ok, gpu, f.Fd())
+	}
+	return f, ev
 }
