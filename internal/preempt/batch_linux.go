@@ -36,8 +36,9 @@ type victimKill struct {
 //     gpud to resolve);
 //  3. for each victim, just before its signal, it is checked to still hold
 //     the GPU and to still be in the cgroup it was judged in; then it is
-//     signalled through its pidfd. Victims are checked and signalled by a
-//     few workers at once, not one after another's death;
+//     signalled through its pidfd. Victims are checked by a few workers
+//     at once, then signalled in one loop at real-time priority
+//     (signalBurst), not one after another's death;
 //  4. all are waited for together (one poll over every pidfd); with a grace
 //     period the survivors of SIGTERM get SIGKILL at its end;
 //  5. the outcomes are journaled in one write with one fsync.
@@ -138,20 +139,22 @@ func (e *Executor) signalAll(gpu int, rule string, preemptor Party, victims []Vi
 		}
 	})
 	Step("checked")
-	for _, k := range ks {
-		if k.err != nil {
-			continue
-		}
-		if err := unix.PidfdSendSignal(k.pidfd, first, nil, 0); err != nil {
-			if errors.Is(err, unix.ESRCH) {
-				k.err = ErrGone
-			} else {
-				k.err = fmt.Errorf("preempt: %s %d: %w", firstName, k.v.PID, err)
+	e.signalBurst(func() {
+		for _, k := range ks {
+			if k.err != nil {
+				continue
 			}
-			continue
+			if err := unix.PidfdSendSignal(k.pidfd, first, nil, 0); err != nil {
+				if errors.Is(err, unix.ESRCH) {
+					k.err = ErrGone
+				} else {
+					k.err = fmt.Errorf("preempt: %s %d: %w", firstName, k.v.PID, err)
+				}
+				continue
+			}
+			k.sig = firstName
 		}
-		k.sig = firstName
-	}
+	})
 	Step("signalled")
 	return kb
 }
