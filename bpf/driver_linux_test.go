@@ -152,3 +152,79 @@ func TestParseDriverSymbols(t *testing.T) {
 		}
 	}
 }
+
+// A driver upgrade unloads the driver's module and loads it again: the
+// kprobe on the old module's release is gone with it, so AttachDriver
+// drops it and hooks the reloaded module, whose last closes are reported
+// again. The kernel matrix's guests do it with fuse, the stand-in driver
+// of GPU 0 (GPUD_TEST_FUSE_KO names its module file there). Elsewhere the
+// test unloads nothing (the host's fuse may be in use): it checks that
+// nothing is taken for a reload, and TestDropUnloaded covers the rest.
+func TestDriverHooksModuleReload(t *testing.T) {
+	_, gpus := testutil.MakeFakeDriverGPUs(t, 1)
+	m := loadDriverMonitor(t, gpus)
+	const fuse = "kprobe/release:fuse_dev_release"
+	hooked := func() bool { return slices.Contains(m.Hooks().Attached, fuse) }
+	ko := os.Getenv("GPUD_TEST_FUSE_KO")
+	if ko == "" {
+		if m.DriverModulesChanged() || m.AttachDriver() {
+			t.Fatalf("a reload seen where none happened: %+v", m.Hooks())
+		}
+		t.Logf("fuse hooked: %v; the reload runs in the kernel matrix (GPUD_TEST_FUSE_KO)", hooked())
+		return
+	}
+	if !hooked() {
+		t.Fatalf("%s not attached: %+v", fuse, m.Hooks())
+	}
+	released := func(what string) {
+		t.Helper()
+		f, err := os.OpenFile(gpus[0].Path, os.O_RDWR, 0)
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		f.Close()
+		for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); {
+			if ev, ok := nextEvent(t, m, time.Until(deadline)); ok && ev.Type == bpf.EventRelease && ev.GPU == 0 {
+				return
+			}
+		}
+		t.Fatalf("%s: no release event for GPU 0", what)
+	}
+	released("before the reload")
+
+	if err := unix.DeleteModule("fuse", unix.O_NONBLOCK); err != nil {
+		t.Fatalf("unloading fuse: %v", err)
+	}
+	loaded := false
+	load := func() {
+		f, err := os.Open(ko)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if err := unix.FinitModule(int(f.Fd()), "", 0); err != nil {
+			t.Fatalf("loading %s: %v", ko, err)
+		}
+		loaded = true
+	}
+	t.Cleanup(func() {
+		if !loaded {
+			load()
+		}
+	})
+	if !m.DriverModulesChanged() {
+		t.Fatal("fuse unloaded, yet no driver module changed")
+	}
+	if !m.AttachDriver() || hooked() {
+		t.Fatalf("fuse unloaded, yet its kprobe is still listed: %+v", m.Hooks())
+	}
+	load()
+	if !m.AttachDriver() || !hooked() {
+		t.Fatalf("fuse reloaded, yet its release is not hooked again: %+v", m.Hooks())
+	}
+	if m.DriverModulesChanged() {
+		t.Fatal("changed right after the new attach")
+	}
+	released("after the reload")
+	t.Logf("fuse unloaded and reloaded: its release dropped, hooked again, reported: %v", m.Hooks().Attached)
+}

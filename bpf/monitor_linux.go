@@ -94,6 +94,11 @@ type Monitor struct {
 	symbols DriverSymbols
 	hmu     sync.Mutex
 	probes  map[string]link.Link // kprobe links by role:symbol
+	// probeMod is the module each kprobe's symbol was in when attached
+	// (absent for a symbol of the kernel proper): a kprobe on a module's
+	// function stops firing for good when the module is unloaded, and a
+	// reloaded module needs a new one.
+	probeMod map[string]module
 	// probeErr is why a role:symbol is not attached (its last try).
 	probeErr map[string]error
 	drvErr   error // why the driver programs are not loaded
@@ -142,7 +147,7 @@ func Load(opts Options) (*Monitor, error) {
 	if opts.RingBytes != 0 {
 		spec.Maps["events"].MaxEntries = opts.RingBytes
 	}
-	m := &Monitor{hooks: opts.Hooks, symbols: opts.Driver.orDefault(), probes: map[string]link.Link{}, probeErr: map[string]error{},
+	m := &Monitor{hooks: opts.Hooks, symbols: opts.Driver.orDefault(), probes: map[string]link.Link{}, probeMod: map[string]module{}, probeErr: map[string]error{},
 		progs: map[string]*ebpf.Program{}, lifeErr: map[string]error{}}
 	switch m.hooks {
 	case "":
@@ -230,18 +235,21 @@ func (m *Monitor) loadDriver(spec *ebpf.CollectionSpec) error {
 
 // AttachDriver attaches the driver kprobes to every configured symbol the
 // kernel has now and that is not hooked yet (the driver module may load
-// after gpud: call it again later). It reports whether anything new was
-// attached.
+// after gpud: call it again later). A kprobe whose module was unloaded
+// since it was attached is dropped first, and attached again if the module
+// is back (a driver upgrade reloads nvidia.ko). It reports whether
+// anything was attached or dropped.
 func (m *Monitor) AttachDriver() bool {
 	if m.hooks != HooksDriver || m.drvErr != nil {
 		return false
 	}
 	m.hmu.Lock()
 	defer m.hmu.Unlock()
+	changed := m.dropUnloadedLocked()
 	// Without the kprobe PMU (CONFIG_KPROBES off) every try would fail the
 	// same way, after a detour through tracefs.
 	_, pmuErr := os.Stat("/sys/bus/event_source/devices/kprobe/type")
-	added := false
+	var attached []string
 	for _, r := range []struct {
 		role string
 		syms []string
@@ -261,15 +269,61 @@ func (m *Monitor) AttachDriver() bool {
 			}
 			l, err := link.Kprobe(sym, r.prog, nil)
 			if err != nil {
-				m.probeErr[key] = err // not in this kernel (yet): Hooks says so
+				if prev := m.probeErr[key]; prev == nil || !errors.Is(prev, ErrModuleUnloaded) {
+					m.probeErr[key] = err // not in this kernel (yet): Hooks says so
+				}
 				continue
 			}
 			delete(m.probeErr, key)
 			m.probes[key] = l
-			added = true
+			attached = append(attached, key)
 		}
 	}
-	return added
+	if len(attached) > 0 {
+		mods := symbolModules(kallsymsPath, attached)
+		for _, key := range attached {
+			if name, ok := mods[key]; ok {
+				if mod, err := moduleNow(sysModulePath, name); err == nil {
+					m.probeMod[key] = mod
+				}
+			}
+		}
+	}
+	return changed || len(attached) > 0
+}
+
+// DriverModulesChanged reports whether a module that a driver kprobe was
+// attached in has been unloaded (or unloaded and loaded again) since: one
+// lstat per such module, cheap enough for every tick. AttachDriver then
+// drops those kprobes and attaches them again where the module is back.
+func (m *Monitor) DriverModulesChanged() bool {
+	m.hmu.Lock()
+	defer m.hmu.Unlock()
+	for _, mod := range m.probeMod {
+		if now, err := moduleNow(sysModulePath, mod.name); err != nil || now != mod {
+			return true
+		}
+	}
+	return false
+}
+
+// dropUnloadedLocked closes the kprobes whose module is gone or is
+// another load of it now (their kprobe is gone from the kernel).
+func (m *Monitor) dropUnloadedLocked() bool {
+	dropped := false
+	for key, mod := range m.probeMod {
+		if now, err := moduleNow(sysModulePath, mod.name); err == nil && now == mod {
+			continue
+		}
+		if l := m.probes[key]; l != nil {
+			l.Close()
+		}
+		delete(m.probes, key)
+		delete(m.probeMod, key)
+		m.probeErr[key] = fmt.Errorf("%w: %s", ErrModuleUnloaded, mod.name)
+		dropped = true
+	}
+	return dropped
 }
 
 // ErrNoKprobes: the kernel offers no kprobes (no kprobe PMU: CONFIG_KPROBES
@@ -922,7 +976,7 @@ func (m *Monitor) Close() error {
 	for _, l := range m.probes {
 		errs = append(errs, l.Close())
 	}
-	m.probes = nil
+	m.probes, m.probeMod = nil, nil
 	m.hmu.Unlock()
 	if m.gate != nil {
 		if m.pinDir != "" && !m.keepGate {

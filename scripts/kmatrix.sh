@@ -133,7 +133,7 @@ initramfs() {
 	r=$(mktemp -d "$CACHE/initrd.XXXXXX")
 	mkdir -p "$r"/{bin,dev,proc,sys,host,mod}
 	cp "$bb" "$r/bin/busybox"
-	for a in sh mount insmod mkdir chroot poweroff cat echo sleep sed; do ln -s busybox "$r/bin/$a"; done
+	for a in sh mount insmod mkdir chroot poweroff cat echo sleep sed cp; do ln -s busybox "$r/bin/$a"; done
 	moddir=$(ls -d "$kdir"/root/lib/modules/*/ "$kdir"/root/usr/lib/modules/*/ 2>/dev/null | head -1 || true)
 	[[ -n $moddir ]] || die "no modules in $kdir"
 	: >"$r/mod/order"
@@ -173,6 +173,9 @@ mount -t devpts devpts $H/dev/pts
 mount -t tmpfs tmpfs $H/dev/shm
 mount -t tmpfs -o mode=1777 tmpfs $H/tmp
 mount -t tmpfs tmpfs $H/run
+# fuse's module file, for the test that unloads and reloads the stand-in
+# driver (TestDriverHooksModuleReload): /mod is not visible after chroot.
+mkdir -p $H/run/kmatrix && cp /mod/fuse.ko $H/run/kmatrix/ 2>/dev/null
 mount -t tmpfs tmpfs $H/root
 mount -t cgroup2 cgroup2 $H/sys/fs/cgroup
 mount -t bpf bpf $H/sys/fs/bpf
@@ -208,6 +211,7 @@ build_tests() {
 # Runs in the guest, chrooted into the host's / (read-only; tmpfs on /tmp).
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root CI=true TMPDIR=/tmp
 echo "KMATRIX KERNEL \$(uname -r)"
+[ -f /run/kmatrix/fuse.ko ] && export GPUD_TEST_FUSE_KO=/run/kmatrix/fuse.ko
 run() {
 	local name=\$1 dir=\$2; shift 2
 	echo "KMATRIX BEGIN \$name"

@@ -247,11 +247,11 @@ func (d *Daemon) logHooks() {
 }
 
 // retryHooks attaches the driver hooks that were missing (the driver
-// module loaded after gpud).
+// module loaded after gpud), and again those whose module was reloaded.
 func (d *Daemon) retryHooks() {
 	if d.mon.AttachDriver() {
 		st := d.mon.Hooks()
-		d.log.Info("kernel hooks: driver hooks attached", "hooks_mode", st.Mode, "attached", st.Attached, "missing", st.Missing)
+		d.log.Info("kernel hooks: driver hooks changed", "hooks_mode", st.Mode, "attached", st.Attached, "missing", st.Missing)
 		d.writer.Kick()
 	}
 }
@@ -516,7 +516,9 @@ func (d *Daemon) periodic(ctx context.Context) {
 			}
 			d.ledger.Refresh(now)
 			d.ledger.RefreshComms(d.tracker.Proc.Comm)
-			if now.Sub(lastHooks) >= hooksRetry {
+			// A reloaded driver module (a driver upgrade) is hooked again
+			// within a tick; a module that first appears, within hooksRetry.
+			if now.Sub(lastHooks) >= hooksRetry || d.mon.DriverModulesChanged() {
 				lastHooks = now
 				d.retryHooks()
 			}
