@@ -37,11 +37,12 @@ type victimKill struct {
 //  3. for each victim, just before its signal, it is checked to still hold
 //     the GPU and to still be in the cgroup it was judged in; then it is
 //     signalled through its pidfd. Victims are checked by a few workers
-//     at once, then signalled in one loop at real-time priority
-//     (signalBurst), not one after another's death;
+//     at once, then signalled in one loop, not one after another's death;
 //  4. all are waited for together (one poll over every pidfd); with a grace
 //     period the survivors of SIGTERM get SIGKILL at its end;
 //  5. the outcomes are journaled in one write with one fsync.
+//
+// Steps 1 to 3 run on a thread at real-time priority (atRealtime).
 //
 // One victim at a time, each waiting for the journal's fsync of the
 // previous ones, a decision with 200 victims took 81 ms (p50) to 186 ms
@@ -50,7 +51,8 @@ type victimKill struct {
 // afterSignal, when set, runs once the first signals are sent (the thaw
 // of a frozen workload being killed).
 func (e *Executor) killAll(gpu int, rule string, preemptor Party, victims []Victim, decided time.Time, afterSignal func()) {
-	kb := e.signalAll(gpu, rule, preemptor, victims, decided)
+	var kb *killBatch
+	e.atRealtime(func() { kb = e.signalAll(gpu, rule, preemptor, victims, decided) })
 	if kb == nil {
 		return
 	}
@@ -139,22 +141,20 @@ func (e *Executor) signalAll(gpu int, rule string, preemptor Party, victims []Vi
 		}
 	})
 	Step("checked")
-	e.signalBurst(func() {
-		for _, k := range ks {
-			if k.err != nil {
-				continue
-			}
-			if err := unix.PidfdSendSignal(k.pidfd, first, nil, 0); err != nil {
-				if errors.Is(err, unix.ESRCH) {
-					k.err = ErrGone
-				} else {
-					k.err = fmt.Errorf("preempt: %s %d: %w", firstName, k.v.PID, err)
-				}
-				continue
-			}
-			k.sig = firstName
+	for _, k := range ks {
+		if k.err != nil {
+			continue
 		}
-	})
+		if err := unix.PidfdSendSignal(k.pidfd, first, nil, 0); err != nil {
+			if errors.Is(err, unix.ESRCH) {
+				k.err = ErrGone
+			} else {
+				k.err = fmt.Errorf("preempt: %s %d: %w", firstName, k.v.PID, err)
+			}
+			continue
+		}
+		k.sig = firstName
+	}
 	Step("signalled")
 	return kb
 }

@@ -174,10 +174,12 @@ func (e *Executor) preempt(ctx context.Context, gpu int, rule string, known Part
 	var first *killBatch
 	var frozen *freezeBatch
 	if signalNow {
-		first = e.signalAll(gpu, rule, known, kill, decided)
-		if len(freeze) > 0 && !e.needsCheckpoint(freeze) {
-			frozen = e.startFreezes(gpu, rule, freeze, decided)
-		}
+		e.atRealtime(func() {
+			first = e.signalAll(gpu, rule, known, kill, decided)
+			if len(freeze) > 0 && !e.needsCheckpoint(freeze) {
+				frozen = e.startFreezes(gpu, rule, freeze, decided)
+			}
+		})
 	}
 	e.wg.Add(1)
 	go func() {

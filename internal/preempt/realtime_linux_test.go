@@ -10,7 +10,7 @@ import (
 
 // The signals run at SCHED_FIFO, and the thread gets its own policy and
 // nice back after them.
-func TestSignalBurstRealtimeThenRestored(t *testing.T) {
+func TestAtRealtimeRealtimeThenRestored(t *testing.T) {
 	testutil.RequireRoot(t)
 	rtRefused.Store(false)
 	runtime.LockOSThread()
@@ -26,8 +26,8 @@ func TestSignalBurstRealtimeThenRestored(t *testing.T) {
 	defer unix.SchedSetAttr(0, before, 0)
 	var inside *unix.SchedAttr
 	e := &Executor{}
-	if !e.signalBurst(func() { inside, _ = unix.SchedGetAttr(0, 0) }) {
-		t.Fatal("signalBurst: not at real-time priority as root")
+	if !e.atRealtime(func() { inside, _ = unix.SchedGetAttr(0, 0) }) {
+		t.Fatal("atRealtime: not at real-time priority as root")
 	}
 	if inside == nil || inside.Policy != unix.SCHED_FIFO || inside.Priority != 1 {
 		t.Fatalf("inside the burst: %+v, want SCHED_FIFO priority 1", inside)
@@ -43,7 +43,7 @@ func TestSignalBurstRealtimeThenRestored(t *testing.T) {
 
 // Refused real-time priority: the signals are still sent, at normal
 // priority, and later bursts do not ask again.
-func TestSignalBurstRefused(t *testing.T) {
+func TestAtRealtimeRefused(t *testing.T) {
 	calls := 0
 	schedSetAttr = func(int, *unix.SchedAttr, uint) error { calls++; return unix.EPERM }
 	rtRefused.Store(false)
@@ -51,8 +51,8 @@ func TestSignalBurstRefused(t *testing.T) {
 	e := &Executor{}
 	for i := 0; i < 3; i++ {
 		sent := false
-		if e.signalBurst(func() { sent = true }) {
-			t.Fatal("signalBurst reported real-time priority that was refused")
+		if e.atRealtime(func() { sent = true }) {
+			t.Fatal("atRealtime reported real-time priority that was refused")
 		}
 		if !sent {
 			t.Fatal("the signals were not sent")
