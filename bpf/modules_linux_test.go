@@ -73,7 +73,8 @@ func TestModuleNow(t *testing.T) {
 	}
 }
 
-// A kprobe whose module went away is dropped, and Hooks says why.
+// A kprobe whose module went away is dropped, Hooks says why, and the
+// module's return is a change.
 func TestDropUnloaded(t *testing.T) {
 	root := t.TempDir()
 	old := sysModulePath
@@ -87,7 +88,7 @@ func TestDropUnloaded(t *testing.T) {
 	}
 	m := &Monitor{hooks: HooksDriver, symbols: DefaultDriverSymbols(),
 		probes:   map[string]link.Link{"release:nvidia_close": nil},
-		probeMod: map[string]module{"release:nvidia_close": mod}, probeErr: map[string]error{}}
+		probeMod: map[string]module{"release:nvidia_close": mod}, probeGone: map[string]string{}, probeErr: map[string]error{}}
 	if m.DriverModulesChanged() {
 		t.Fatal("changed while loaded")
 	}
@@ -108,6 +109,12 @@ func TestDropUnloaded(t *testing.T) {
 		t.Fatalf("probeErr = %v, want ErrModuleUnloaded", err)
 	}
 	if m.DriverModulesChanged() {
-		t.Fatal("nothing left to change")
+		t.Fatal("changed while the module is still away")
+	}
+	// Back (a new load): a change, for AttachDriver to hook it again.
+	os.MkdirAll(filepath.Join(root, "nvidia"), 0o755)
+	os.WriteFile(filepath.Join(root, "nvidia", "initstate"), []byte("live\n"), 0o644)
+	if !m.DriverModulesChanged() {
+		t.Fatal("the module is back, not changed")
 	}
 }

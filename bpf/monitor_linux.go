@@ -99,6 +99,9 @@ type Monitor struct {
 	// function stops firing for good when the module is unloaded, and a
 	// reloaded module needs a new one.
 	probeMod map[string]module
+	// probeGone is the module of each kprobe dropped with its module, until
+	// that module is loaded again and the kprobe tried once more.
+	probeGone map[string]string
 	// probeErr is why a role:symbol is not attached (its last try).
 	probeErr map[string]error
 	drvErr   error // why the driver programs are not loaded
@@ -147,7 +150,7 @@ func Load(opts Options) (*Monitor, error) {
 	if opts.RingBytes != 0 {
 		spec.Maps["events"].MaxEntries = opts.RingBytes
 	}
-	m := &Monitor{hooks: opts.Hooks, symbols: opts.Driver.orDefault(), probes: map[string]link.Link{}, probeMod: map[string]module{}, probeErr: map[string]error{},
+	m := &Monitor{hooks: opts.Hooks, symbols: opts.Driver.orDefault(), probes: map[string]link.Link{}, probeMod: map[string]module{}, probeGone: map[string]string{}, probeErr: map[string]error{},
 		progs: map[string]*ebpf.Program{}, lifeErr: map[string]error{}}
 	switch m.hooks {
 	case "":
@@ -279,6 +282,13 @@ func (m *Monitor) AttachDriver() bool {
 			attached = append(attached, key)
 		}
 	}
+	// A module that came back has had its try: from now on its symbols
+	// wait for the periodic retry like any other missing one.
+	for key, name := range m.probeGone {
+		if _, err := moduleNow(sysModulePath, name); err == nil {
+			delete(m.probeGone, key)
+		}
+	}
 	if len(attached) > 0 {
 		mods := symbolModules(kallsymsPath, attached)
 		for _, key := range attached {
@@ -293,14 +303,20 @@ func (m *Monitor) AttachDriver() bool {
 }
 
 // DriverModulesChanged reports whether a module that a driver kprobe was
-// attached in has been unloaded (or unloaded and loaded again) since: one
-// lstat per such module, cheap enough for every tick. AttachDriver then
-// drops those kprobes and attaches them again where the module is back.
+// attached in has been unloaded (or unloaded and loaded again) since, or
+// whether such a module, unloaded, is back: one lstat per such module,
+// cheap enough for every tick. AttachDriver then drops the dead kprobes
+// and attaches them again where the module is back.
 func (m *Monitor) DriverModulesChanged() bool {
 	m.hmu.Lock()
 	defer m.hmu.Unlock()
 	for _, mod := range m.probeMod {
 		if now, err := moduleNow(sysModulePath, mod.name); err != nil || now != mod {
+			return true
+		}
+	}
+	for _, name := range m.probeGone {
+		if _, err := moduleNow(sysModulePath, name); err == nil {
 			return true
 		}
 	}
@@ -320,6 +336,7 @@ func (m *Monitor) dropUnloadedLocked() bool {
 		}
 		delete(m.probes, key)
 		delete(m.probeMod, key)
+		m.probeGone[key] = mod.name
 		m.probeErr[key] = fmt.Errorf("%w: %s", ErrModuleUnloaded, mod.name)
 		dropped = true
 	}
@@ -976,7 +993,7 @@ func (m *Monitor) Close() error {
 	for _, l := range m.probes {
 		errs = append(errs, l.Close())
 	}
-	m.probes, m.probeMod = nil, nil
+	m.probes, m.probeMod, m.probeGone = nil, nil, nil
 	m.hmu.Unlock()
 	if m.gate != nil {
 		if m.pinDir != "" && !m.keepGate {

@@ -198,7 +198,7 @@ INIT
 # The tests the guests run: the BPF package whole, and the daemon's tests
 # that need fake GPUs only. There is no Docker engine in the guest, so the
 # gate/bypass/crash tests (workloads in containers) are not among them.
-DAEMON_TESTS='^(TestFDLifecycle|TestForkExecExit|TestFDPassing|TestStartupFindsExistingHolder|TestMonitoringSwitch|TestGateOddDeviceNodes)$'
+DAEMON_TESTS='^(TestFDLifecycle|TestForkExecExit|TestFDPassing|TestStartupFindsExistingHolder|TestMonitoringSwitch|TestGateOddDeviceNodes|TestDriverHooksFollowModuleReload)$'
 
 build_tests() {
 	rm -rf "$CACHE/run"

@@ -22,6 +22,7 @@ import (
 	"github.com/gpud/gpud/internal/nvidia"
 	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/testutil"
+	"golang.org/x/sys/unix"
 )
 
 type env struct {
@@ -289,6 +290,11 @@ func TestForkExecExit(t *testing.T) {
 	var sub int
 	if _, err := fmt.Fscan(out, &sub); err != nil {
 		t.Fatal(err)
+	}
+	// The subshell outlives bash's kill: killed apart, or it holds GPU 1
+	// (fuse's device, in the kernel matrix) for 30 s after the test.
+	if pidfd, err := unix.PidfdOpen(sub, 0); err == nil {
+		t.Cleanup(func() { unix.PidfdSendSignal(pidfd, unix.SIGKILL, nil, 0); unix.Close(pidfd) })
 	}
 	e.settle("pure fork", all(holds(sh.Process.Pid, 1, 3), holds(sub, 1, 3)))
 }

@@ -15,6 +15,7 @@ import (
 
 	v1 "github.com/gpud/gpud/api/v1"
 	"github.com/gpud/gpud/internal/testutil"
+	"golang.org/x/sys/unix"
 )
 
 // newDriverEnv is newEnv with gpud in --hooks driver, whatever
@@ -170,4 +171,91 @@ func TestDriverHooksLifecycle(t *testing.T) {
 
 	thief.send("exit")
 	e.settle("exit", holds(thief.pid(), 0))
+}
+
+// A driver upgrade reloads the driver's module: the running gpud drops the
+// kprobe that died with the old module and hooks the new one within a
+// tick or two, and holders' last closes are reported by it again, at once
+// (the holders' re-read would take up to 2 s: three closes all seen within
+// 300 ms by the re-read alone would happen once in 300 runs). It runs in
+// the kernel matrix's guests where fuse, the stand-in driver of GPU 1, is
+// a module (GPUD_TEST_FUSE_KO names its file).
+func TestDriverHooksFollowModuleReload(t *testing.T) {
+	e := newDriverEnv(t)
+	e.start()
+	const fuse = "kprobe/release:fuse_dev_release"
+	hooked := func() bool { return slices.Contains(e.d.Monitor().Hooks().Attached, fuse) }
+	ko := os.Getenv("GPUD_TEST_FUSE_KO")
+	if ko == "" {
+		time.Sleep(2 * time.Second) // a tick or two: nothing may change
+		if strings.Contains(e.logs.String(), "driver hooks changed") {
+			t.Fatalf("driver hooks changed without a reload:\n%s", e.logs.String())
+		}
+		t.Logf("fuse hooked: %v; the reload runs in the kernel matrix's guests where fuse is a module (GPUD_TEST_FUSE_KO)", hooked())
+		return
+	}
+	if !hooked() {
+		t.Fatalf("%s not attached: %+v", fuse, e.d.Monitor().Hooks())
+	}
+	// An earlier test's helper may still be on its way out with a fuse
+	// fd: the module is busy (EAGAIN) until it is gone.
+	var err error
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if err = unix.DeleteModule("fuse", unix.O_NONBLOCK); err == nil || time.Now().After(deadline) {
+			break
+		}
+	}
+	if err != nil {
+		refs, _ := os.ReadFile("/sys/module/fuse/refcnt")
+		var who []string
+		for pid := range e.groundTruth() {
+			cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+			st, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+			who = append(who, fmt.Sprintf("%d %q %s", pid, cmd, st))
+		}
+		t.Fatalf("unloading fuse: %v (refcnt %s); GPU 1's holders: %v", err, strings.TrimSpace(string(refs)), who)
+	}
+	loaded := false
+	load := func() {
+		f, err := os.Open(ko)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if err := unix.FinitModule(int(f.Fd()), "", 0); err != nil {
+			t.Fatalf("loading %s: %v", ko, err)
+		}
+		loaded = true
+	}
+	t.Cleanup(func() {
+		if !loaded {
+			load()
+		}
+	})
+	testutil.Eventually(t, 3*time.Second, "the dead kprobe dropped", func() bool { return !hooked() })
+	load()
+	testutil.Eventually(t, 3*time.Second, "fuse's release hooked again", hooked)
+	if n := strings.Count(e.logs.String(), "driver hooks changed"); n < 2 {
+		t.Errorf("%d 'driver hooks changed' lines, want one for the drop and one for the new attach", n)
+	}
+	if err := e.d.Monitor().GateErr(); err != nil {
+		// 5.10: without the gate no open is reported, and a new holder
+		// is found by the periodic resync only.
+		t.Logf("the gate is refused (%v): the closes after the reload are not timed", err)
+		return
+	}
+	g := e.gpus[1].Path
+	for i := 0; i < 3; i++ {
+		h := startHelper(t)
+		fd := int32(h.doInt("open %s", g))
+		e.settle("open after the reload", holds(h.pid(), 1, fd))
+		h.do("close %d", fd)
+		closed := time.Now()
+		testutil.Eventually(t, 3*time.Second, "the close in the ledger", func() bool {
+			return len(e.d.Ledger().FDTable()[h.pid()][1]) == 0
+		})
+		if d := time.Since(closed); d > 300*time.Millisecond {
+			t.Errorf("close %d left the ledger after %v: by the holders' re-read, not the reloaded module's release", i, d)
+		}
+	}
 }
