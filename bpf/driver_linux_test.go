@@ -193,26 +193,7 @@ func TestDriverHooksModuleReload(t *testing.T) {
 	}
 	released("before the reload")
 
-	if err := unix.DeleteModule("fuse", unix.O_NONBLOCK); err != nil {
-		t.Fatalf("unloading fuse: %v", err)
-	}
-	loaded := false
-	load := func() {
-		f, err := os.Open(ko)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer f.Close()
-		if err := unix.FinitModule(int(f.Fd()), "", 0); err != nil {
-			t.Fatalf("loading %s: %v", ko, err)
-		}
-		loaded = true
-	}
-	t.Cleanup(func() {
-		if !loaded {
-			load()
-		}
-	})
+	load := testutil.UnloadModule(t, "fuse", ko, nil)
 	if !m.DriverModulesChanged() {
 		t.Fatal("fuse unloaded, yet no driver module changed")
 	}

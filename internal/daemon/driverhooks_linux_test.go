@@ -15,7 +15,6 @@ import (
 
 	v1 "github.com/gpud/gpud/api/v1"
 	"github.com/gpud/gpud/internal/testutil"
-	"golang.org/x/sys/unix"
 )
 
 // newDriverEnv is newEnv with gpud in --hooks driver, whatever
@@ -197,40 +196,13 @@ func TestDriverHooksFollowModuleReload(t *testing.T) {
 	if !hooked() {
 		t.Fatalf("%s not attached: %+v", fuse, e.d.Monitor().Hooks())
 	}
-	// An earlier test's helper may still be on its way out with a fuse
-	// fd: the module is busy (EAGAIN) until it is gone.
-	var err error
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if err = unix.DeleteModule("fuse", unix.O_NONBLOCK); err == nil || time.Now().After(deadline) {
-			break
-		}
-	}
-	if err != nil {
-		refs, _ := os.ReadFile("/sys/module/fuse/refcnt")
+	load := testutil.UnloadModule(t, "fuse", ko, func() string {
 		var who []string
 		for pid := range e.groundTruth() {
 			cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-			st, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-			who = append(who, fmt.Sprintf("%d %q %s", pid, cmd, st))
+			who = append(who, fmt.Sprintf("%d %q", pid, cmd))
 		}
-		t.Fatalf("unloading fuse: %v (refcnt %s); GPU 1's holders: %v", err, strings.TrimSpace(string(refs)), who)
-	}
-	loaded := false
-	load := func() {
-		f, err := os.Open(ko)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer f.Close()
-		if err := unix.FinitModule(int(f.Fd()), "", 0); err != nil {
-			t.Fatalf("loading %s: %v", ko, err)
-		}
-		loaded = true
-	}
-	t.Cleanup(func() {
-		if !loaded {
-			load()
-		}
+		return fmt.Sprintf("GPU 1's holders: %v", who)
 	})
 	testutil.Eventually(t, 3*time.Second, "the dead kprobe dropped", func() bool { return !hooked() })
 	load()
