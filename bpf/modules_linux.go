@@ -47,6 +47,12 @@ func moduleNow(root, name string) (module, error) {
 	return module{name: name, dev: st.Dev, ino: st.Ino}, nil
 }
 
+// stillLoaded says whether mod is still the module's current load.
+func (mod module) stillLoaded() bool {
+	now, err := moduleNow(sysModulePath, mod.name)
+	return err == nil && now == mod
+}
+
 // symbolModules finds, for each "role:symbol" key, the module its symbol
 // is in ("ffffffffc0a01230 t nvidia_close\t[nvidia]"); a symbol of the
 // kernel proper, or not found, has no entry. The first line naming a

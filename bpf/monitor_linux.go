@@ -311,7 +311,7 @@ func (m *Monitor) DriverModulesChanged() bool {
 	m.hmu.Lock()
 	defer m.hmu.Unlock()
 	for _, mod := range m.probeMod {
-		if now, err := moduleNow(sysModulePath, mod.name); err != nil || now != mod {
+		if !mod.stillLoaded() {
 			return true
 		}
 	}
@@ -328,7 +328,7 @@ func (m *Monitor) DriverModulesChanged() bool {
 func (m *Monitor) dropUnloadedLocked() bool {
 	dropped := false
 	for key, mod := range m.probeMod {
-		if now, err := moduleNow(sysModulePath, mod.name); err == nil && now == mod {
+		if mod.stillLoaded() {
 			continue
 		}
 		if l := m.probes[key]; l != nil {
