@@ -277,6 +277,10 @@ for s in "${SUITES[@]}"; do
 		[[ $rc == 0 ]] || { verdict=FAIL; fail=1; }
 		printf '%-9s %-22s gate=%-7s %-7s rc=%-4s passed=%-3s skipped=%-2s failed=%s (%ds)\n' \
 			"$s" "${kver:-no-boot}" "${gate:-?}" "$t" "${rc:-none}" "$pass" "$skipped" "${failed:-none}" $((SECONDS - start)) | tee -a "$summary"
+		# The guest's log stays on this machine: what failed goes to the
+		# run's own output too (CI keeps only that).
+		[[ $verdict == ok ]] || sed -n "/^KMATRIX BEGIN $t[[:space:]]*\$/,/^KMATRIX RC $t /p" "$logf" |
+			grep -v -e '^=== RUN' -e '^--- PASS' -e '^KMATRIX' | tail -n 60 | sed "s/^/  $s $t| /" >&2
 	done
 done
 [[ $fail == 0 ]] || die "failures (logs in $OUT)"

@@ -204,11 +204,14 @@ func TestDriverHooksFollowModuleReload(t *testing.T) {
 		}
 		return fmt.Sprintf("GPU 1's holders: %v", who)
 	})
-	testutil.Eventually(t, 3*time.Second, "the dead kprobe dropped", func() bool { return !hooked() })
+	// The daemon logs a change just after the monitor's state shows it,
+	// so each wait is for both.
+	changes := func() int { return strings.Count(e.logs.String(), "driver hooks changed") }
+	testutil.Eventually(t, 3*time.Second, "the dead kprobe dropped, and logged", func() bool { return !hooked() && changes() >= 1 })
 	load()
 	testutil.Eventually(t, 3*time.Second, "fuse's release hooked again", hooked)
-	if n := strings.Count(e.logs.String(), "driver hooks changed"); n < 2 {
-		t.Errorf("%d 'driver hooks changed' lines, want one for the drop and one for the new attach", n)
+	if !testutil.Poll(time.Second, func() bool { return changes() >= 2 }) {
+		t.Errorf("%d 'driver hooks changed' lines, want one for the drop and one for the new attach:\n%s", changes(), e.logs.String())
 	}
 	if err := e.d.Monitor().GateErr(); err != nil {
 		// 5.10: without the gate no open is reported, and a new holder
