@@ -21,8 +21,14 @@ import (
 const uninstallAbout = `Remove what gpud leaves on a node: the gate pinned under --bpf-pin-dir
 (kept enforcing after a stop by --keep-enforcing), the state file, the
 control socket, the preemption journal (unless --keep-records), the
-preemption notices under --checkpoint-root, and the directories left
-empty. Only gpud's own files are removed, never through a symlink.
+preemption notices under --checkpoint-root, the DRA driver's checkpoint and
+its claims' CDI specs under --dra-cdi-dir, and the directories left empty.
+Only gpud's own files are removed, never through a symlink.
+
+Claims still prepared on the node keep their CDI spec and the checkpoint
+(a restarting container of their pods is created from the spec, and gpud
+installed again takes them over); --remove-dra-claims removes them too,
+for when their pods are gone.
 
 With --daemonset (the chart's pre-delete hook): turn that DaemonSet's pods
 into cleaners, all at once, and wait up to --timeout until every node's
@@ -107,7 +113,9 @@ func newUninstallCmd() *cobra.Command {
 	f.StringVar(&p.ControlSocket, "control-socket", def.ControlSocket, "gpud's control socket")
 	f.StringVar(&p.StateDir, "state-dir", def.StateDir, "gpud's durable data (journal)")
 	f.StringVar(&p.CheckpointRoot, "checkpoint-root", def.CheckpointRoot, "where gpud wrote preemption notices")
+	f.StringVar(&p.DRACDIDir, "dra-cdi-dir", def.DRACDIDir, "where gpud wrote the CDI specs of DRA claims")
 	f.BoolVar(&keepRecords, "keep-records", false, "keep the preemption journal")
+	f.BoolVar(&p.RemoveDRAClaims, "remove-dra-claims", false, "remove the CDI specs and checkpoint of DRA claims still prepared too (their pods' containers can no longer restart)")
 	f.BoolVar(&wait, "wait", false, "after cleaning, stay until SIGTERM (a cleaner pod)")
 	f.BoolVar(&check, "check", false, "remove nothing: exit 0 if nothing of gpud is left on this node, 1 listing what is")
 	f.StringVar(&daemonSet, "daemonset", "", "turn this DaemonSet's pods into cleaners and wait for every node")
@@ -128,6 +136,8 @@ func cleanerArgs(p uninstall.Paths) []string {
 		"--control-socket=" + p.ControlSocket,
 		"--state-dir=" + p.StateDir,
 		"--checkpoint-root=" + p.CheckpointRoot,
+		"--dra-cdi-dir=" + p.DRACDIDir,
 		"--keep-records=" + strconv.FormatBool(p.KeepRecords),
+		"--remove-dra-claims=" + strconv.FormatBool(p.RemoveDRAClaims),
 	}
 }

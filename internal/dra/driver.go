@@ -190,8 +190,8 @@ type preparedDevice struct {
 	ShareID  string   `json:"share_id,omitempty"`
 }
 
-// checkpointFile is the checkpoint's name in StateDir.
-const checkpointFile = "dra-claims.json"
+// CheckpointFile is the checkpoint's name in StateDir.
+const CheckpointFile = "dra-claims.json"
 
 // checkpoint is the file's document.
 type checkpoint struct {
@@ -249,24 +249,34 @@ func (d *Driver) Close() {
 // load reads the checkpoint; a missing one is empty, an unreadable or
 // malformed one an error (nothing prepared is forgotten silently).
 func (d *Driver) load() error {
-	b, err := d.ckpt.ReadOwned(checkpointFile, maxCheckpoint)
+	c, err := readCheckpoint(d.ckpt)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("dra: checkpoint: %w", err)
-	}
-	var c checkpoint
-	if err := json.Unmarshal(b, &c); err != nil {
-		return fmt.Errorf("dra: checkpoint %s: %w", filepath.Join(d.ckpt.Path, checkpointFile), err)
-	}
-	if c.Version != 1 {
-		return fmt.Errorf("dra: checkpoint %s: version %d, want 1", filepath.Join(d.ckpt.Path, checkpointFile), c.Version)
+		return err
 	}
 	if c.Claims != nil {
 		d.claims = c.Claims
 	}
 	return nil
+}
+
+// readCheckpoint reads the checkpoint in dir: an error wrapping
+// os.ErrNotExist when there is none.
+func readCheckpoint(dir *safefs.Dir) (checkpoint, error) {
+	var c checkpoint
+	b, err := dir.ReadOwned(CheckpointFile, maxCheckpoint)
+	if err != nil {
+		return c, fmt.Errorf("dra: checkpoint: %w", err)
+	}
+	if err := json.Unmarshal(b, &c); err != nil {
+		return c, fmt.Errorf("dra: checkpoint %s: %w", filepath.Join(dir.Path, CheckpointFile), err)
+	}
+	if c.Version != 1 {
+		return c, fmt.Errorf("dra: checkpoint %s: version %d, want 1", filepath.Join(dir.Path, CheckpointFile), c.Version)
+	}
+	return c, nil
 }
 
 // saveLocked writes the checkpoint durably.
@@ -275,7 +285,7 @@ func (d *Driver) saveLocked() error {
 	if err != nil {
 		return err
 	}
-	return d.ckpt.WriteFile(checkpointFile, b, 0o600, true)
+	return d.ckpt.WriteFile(CheckpointFile, b, 0o600, true)
 }
 
 // Stats returns the counters.
@@ -590,7 +600,9 @@ func (r claimRecord) result() []kubeletplugin.Device {
 }
 
 // cdiFile is the claim's spec file in the CDI directory.
-func cdiFile(uid string) string { return "gpud.io-claim_" + uid + ".json" }
+func cdiFile(uid string) string { return cdiPrefix + uid + cdiSuffix }
+
+const cdiPrefix, cdiSuffix = "gpud.io-claim_", ".json"
 
 // Env is the environment a container of a claim gets for one share.
 func Env(s sharing.Share, total uint64) []string {

@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -21,6 +23,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/utils/ptr"
 
+	"github.com/gpud/gpud/internal/safefs"
 	"github.com/gpud/gpud/internal/sharing"
 	"github.com/gpud/gpud/internal/testutil"
 )
@@ -148,6 +151,14 @@ func TestPrepareIsIdempotentAndCheckpointed(t *testing.T) {
 		t.Errorf("second prepare: stats %+v, devices %+v", st, res2[c.UID].Devices)
 	}
 
+	// What `gpud uninstall` reads: the claim, and its spec by name.
+	if got := prepared(t, state); !slices.Equal(got, []PreparedClaim{{UID: "uid-a", Namespace: "ns", Name: "a"}}) {
+		t.Errorf("ReadPrepared: %+v", got)
+	}
+	if uid, ok := ClaimSpecUID("gpud.io-claim_uid-a.json"); !ok || uid != "uid-a" {
+		t.Errorf("ClaimSpecUID of the spec written: %q %v", uid, ok)
+	}
+
 	// gpud restarted: the checkpoint puts the share back in the book.
 	d2, _ := newDriver(t, state, cdi)
 	if s := d2.cfg.Book.Shares(); len(s) != 1 || s[0].ClaimUID != "uid-a" {
@@ -172,9 +183,59 @@ func TestPrepareIsIdempotentAndCheckpointed(t *testing.T) {
 		t.Errorf("book after unprepare: %+v", s)
 	}
 	var ck checkpoint
-	b, _ := os.ReadFile(filepath.Join(state, checkpointFile))
+	b, _ := os.ReadFile(filepath.Join(state, CheckpointFile))
 	if json.Unmarshal(b, &ck) != nil || len(ck.Claims) != 0 {
 		t.Errorf("checkpoint after unprepare: %s", b)
+	}
+	if got := prepared(t, state); len(got) != 0 {
+		t.Errorf("ReadPrepared after unprepare: %+v", got)
+	}
+}
+
+func prepared(t *testing.T, state string) []PreparedClaim {
+	t.Helper()
+	d, err := safefs.OpenExisting("/", state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	got, err := ReadPrepared(d)
+	if err != nil {
+		t.Fatalf("ReadPrepared: %v", err)
+	}
+	return got
+}
+
+// Only gpud's claim spec names give a UID: NVIDIA's own specs and odd
+// names in the CDI directory are not claims.
+func TestClaimSpecUID(t *testing.T) {
+	for name, want := range map[string]string{
+		cdiFile("0b1c-2d"):         "0b1c-2d",
+		"gpud.io-claim_.json":      "",
+		"gpud.io-claim_x.yaml":     "",
+		"nvidia.com-gpu.json":      "",
+		"gpud.io-claim_x.json.tmp": "",
+		"xgpud.io-claim_x.json":    "",
+	} {
+		if uid, ok := ClaimSpecUID(name); uid != want || ok != (want != "") {
+			t.Errorf("ClaimSpecUID(%q) = %q %v, want %q", name, uid, ok, want)
+		}
+	}
+}
+
+// No checkpoint is not "no claims": the caller must tell them apart.
+func TestReadPreparedWithoutCheckpoint(t *testing.T) {
+	state, _ := dirs(t)
+	if err := os.Mkdir(state, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	d, err := safefs.OpenExisting("/", state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if _, err := ReadPrepared(d); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("ReadPrepared without a checkpoint: %v, want fs.ErrNotExist", err)
 	}
 }
 
@@ -214,11 +275,11 @@ func TestMalformedCheckpointIsAnError(t *testing.T) {
 	if err := os.MkdirAll(state, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(state, checkpointFile), []byte(`{"version":1,"claims":`), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(state, CheckpointFile), []byte(`{"version":1,"claims":`), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	_, err := New(Config{NodeName: "n", Client: fake.NewClientset(), StateDir: state, CDIDir: cdi, Book: sharing.NewBook(), GPUs: testGPUs})
-	if err == nil || !strings.Contains(err.Error(), checkpointFile) {
+	if err == nil || !strings.Contains(err.Error(), CheckpointFile) {
 		t.Errorf("a truncated checkpoint: %v, want an error naming it", err)
 	}
 }

@@ -1,6 +1,7 @@
 // Package uninstall removes what gpud leaves on a node (the pinned gate,
-// the state file, the control socket, the journal, checkpoint notices and
-// the directories that held them) and, for `helm uninstall`, turns gpud's
+// the state file, the control socket, the journal, checkpoint notices, the
+// CDI specs of DRA claims no pod is prepared for, and the directories that
+// held them) and, for `helm uninstall`, turns gpud's
 // DaemonSet into cleaners and waits until every node is clean.
 //
 // Only files gpud writes are removed, by name, through internal/safefs

@@ -34,8 +34,13 @@ type Paths struct {
 	ControlSocket  string // --control-socket
 	StateDir       string // --state-dir
 	CheckpointRoot string // --checkpoint-root
+	DRACDIDir      string // --dra-cdi-dir: where the claims' CDI specs are
 	// KeepRecords keeps the preemption journal (and so the state directory).
 	KeepRecords bool
+	// RemoveDRAClaims removes the DRA checkpoint and the CDI specs of
+	// claims still prepared too (their pods' containers then cannot
+	// restart): for when those pods are gone.
+	RemoveDRAClaims bool
 }
 
 // Node removes gpud's state from this node: the pinned gate first (so
@@ -70,6 +75,9 @@ func Node(p Paths, log *slog.Logger) error {
 		if err := removeNotices(p.HostRoot, p.CheckpointRoot, log); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if err := removeClaims(p, log); err != nil {
+		errs = append(errs, err)
 	}
 	// Directories last, deepest first, each only if empty and gpud's
 	// (its name says so, or it is inside the state directory): an empty

@@ -1,12 +1,15 @@
 package uninstall
 
 import (
+	"encoding/json"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
+	"github.com/gpud/gpud/internal/dra"
 	"github.com/gpud/gpud/internal/preempt"
 	"github.com/gpud/gpud/internal/testutil"
 )
@@ -137,5 +140,129 @@ func TestOwnedDir(t *testing.T) {
 		if got := ownedDir(d, "/var/lib/gpud"); got != want {
 			t.Errorf("ownedDir(%s) = %v, want %v", d, got, want)
 		}
+	}
+}
+
+// claimsNode is node with gpud's DRA driver's leftovers: a checkpoint (the
+// driver's format, version 1) listing the claims prepared, their CDI specs,
+// and NVIDIA's own spec beside them.
+func claimsNode(t *testing.T, prepared ...string) (string, Paths) {
+	root, p := node(t)
+	p.DRACDIDir = "/var/run/cdi"
+	claims := map[string]any{}
+	for _, uid := range prepared {
+		claims[uid] = map[string]any{"namespace": "ml", "name": "claim-" + uid, "devices": []any{}, "shares": []any{}}
+	}
+	b, err := json.Marshal(map[string]any{"version": 1, "claims": claims})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ckpt := filepath.Join(root, p.StateDir, dra.CheckpointFile)
+	if err := os.WriteFile(ckpt, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"gpud.io-claim_uid-a.json", "gpud.io-claim_uid-b.json", "nvidia.com-gpu.json"} {
+		write(t, filepath.Join(root, p.DRACDIDir, f))
+	}
+	return root, p
+}
+
+// A claim still prepared keeps its CDI spec and the checkpoint (its pod's
+// containers restart from the spec); a spec no claim is prepared for
+// goes; NVIDIA's spec stays. The readiness check still reports the node
+// clean: the cleaner must not wait for pods to end.
+func TestNodeKeepsPreparedClaims(t *testing.T) {
+	root, p := claimsNode(t, "uid-a")
+	var logs testutil.Buffer
+	if err := Node(p, slog.New(slog.NewTextHandler(&logs, nil))); err != nil {
+		t.Fatal(err)
+	}
+	cdi := filepath.Join(root, p.DRACDIDir)
+	for _, f := range []string{filepath.Join(cdi, "gpud.io-claim_uid-a.json"), filepath.Join(cdi, "nvidia.com-gpu.json"), filepath.Join(root, p.StateDir, dra.CheckpointFile)} {
+		if !exists(f) {
+			t.Errorf("%s removed", f)
+		}
+	}
+	if exists(filepath.Join(cdi, "gpud.io-claim_uid-b.json")) {
+		t.Error("the spec of a claim not prepared is left")
+	}
+	if !strings.Contains(logs.String(), "ml/claim-uid-a (uid-a)") || !strings.Contains(logs.String(), "--remove-dra-claims") {
+		t.Errorf("the log does not name the claim kept and how to remove it:\n%s", logs.String())
+	}
+	if left := Clean(p); len(left) != 0 {
+		t.Errorf("Clean: %v", left)
+	}
+
+	// Once the pods are gone, the admin removes them: the state directory
+	// goes too.
+	p.RemoveDRAClaims = true
+	if err := Node(p, slog.Default()); err != nil {
+		t.Fatal(err)
+	}
+	if exists(filepath.Join(cdi, "gpud.io-claim_uid-a.json")) || exists(filepath.Join(root, p.StateDir)) {
+		t.Error("--remove-dra-claims left the spec or the state directory")
+	}
+	if !exists(filepath.Join(cdi, "nvidia.com-gpu.json")) {
+		t.Error("NVIDIA's spec removed")
+	}
+}
+
+// No claim prepared: the checkpoint and every claim spec go, and so does
+// the state directory.
+func TestNodeRemovesClaimsLeftUnprepared(t *testing.T) {
+	root, p := claimsNode(t)
+	if err := Node(p, slog.Default()); err != nil {
+		t.Fatal(err)
+	}
+	cdi := filepath.Join(root, p.DRACDIDir)
+	for _, f := range []string{filepath.Join(cdi, "gpud.io-claim_uid-a.json"), filepath.Join(cdi, "gpud.io-claim_uid-b.json"), filepath.Join(root, p.StateDir)} {
+		if exists(f) {
+			t.Errorf("%s left", f)
+		}
+	}
+	if !exists(filepath.Join(cdi, "nvidia.com-gpu.json")) {
+		t.Error("NVIDIA's spec removed")
+	}
+}
+
+// Which claims are prepared is unknown (no checkpoint where --state-dir
+// says, or one that cannot be read, or one another user wrote): no spec is
+// removed, and the answer says why.
+func TestNodeKeepsClaimSpecsWhenUnknown(t *testing.T) {
+	for name, spoil := range map[string]func(t *testing.T, ckpt string){
+		"no checkpoint": func(t *testing.T, ckpt string) { os.Remove(ckpt) },
+		"malformed": func(t *testing.T, ckpt string) {
+			if err := os.WriteFile(ckpt, []byte(`{"version":1,"claims":`), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		},
+		"another user's": func(t *testing.T, ckpt string) {
+			if err := os.Chown(ckpt, nobody, nobody); err != nil {
+				t.Fatal(err)
+			}
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			root, p := claimsNode(t, "uid-a")
+			ckpt := filepath.Join(root, p.StateDir, dra.CheckpointFile)
+			spoil(t, ckpt)
+			var logs testutil.Buffer
+			err := Node(p, slog.New(slog.NewTextHandler(&logs, nil)))
+			if name == "no checkpoint" {
+				if err != nil || !strings.Contains(logs.String(), "without gpud's DRA checkpoint") {
+					t.Errorf("error %v, log:\n%s", err, logs.String())
+				}
+			} else if err == nil || !strings.Contains(err.Error(), "--remove-dra-claims") {
+				t.Errorf("error %v, want one naming --remove-dra-claims", err)
+			}
+			for _, f := range []string{"gpud.io-claim_uid-a.json", "gpud.io-claim_uid-b.json"} {
+				if !exists(filepath.Join(root, p.DRACDIDir, f)) {
+					t.Errorf("%s removed", f)
+				}
+			}
+			if name != "no checkpoint" && !exists(ckpt) {
+				t.Error("the checkpoint removed")
+			}
+		})
 	}
 }

@@ -81,7 +81,8 @@ func TestHelmChartUninstallHookRenders(t *testing.T) {
 	}
 	for _, want := range []string{"uninstall", "--daemonset=gpud", "--namespace=gpud-system", "--host-root=/host",
 		"--state-file=/run/other/state.json", "--control-socket=/run/other/gpud.sock",
-		"--state-dir=/srv/gpud-state", "--checkpoint-root=/srv/gpud-state/checkpoints", "--bpf-pin-dir=/sys/fs/bpf/gpud"} {
+		"--state-dir=/srv/gpud-state", "--checkpoint-root=/srv/gpud-state/checkpoints", "--bpf-pin-dir=/sys/fs/bpf/gpud",
+		"--dra-cdi-dir=/var/run/cdi", "--remove-dra-claims=false"} {
 		if !slices.Contains(args, want) {
 			t.Errorf("the hook Job's arguments lack %s: %v", want, args)
 		}
