@@ -26,12 +26,11 @@ func removeClaims(p Paths, log *slog.Logger) error {
 		recorded bool // the checkpoint was read: it says which claims are prepared
 	)
 	if p.StateDir != "" {
-		d, err := safefs.OpenExisting(p.HostRoot, p.StateDir)
+		d, err := openDir(p.HostRoot, p.StateDir)
 		switch {
-		case errors.Is(err, fs.ErrNotExist):
 		case err != nil:
-			errs = append(errs, fmt.Errorf("uninstall: %s: %w", p.StateDir, err))
-		default:
+			errs = append(errs, err)
+		case d != nil:
 			defer d.Close()
 			stateDir = d
 			claims, err = dra.ReadPrepared(d)
@@ -52,12 +51,11 @@ func removeClaims(p Paths, log *slog.Logger) error {
 	var kept []string
 	removed := 0
 	if p.DRACDIDir != "" {
-		d, err := safefs.OpenExisting(p.HostRoot, p.DRACDIDir)
+		d, err := openDir(p.HostRoot, p.DRACDIDir)
 		switch {
-		case errors.Is(err, fs.ErrNotExist):
 		case err != nil:
-			errs = append(errs, fmt.Errorf("uninstall: %s: %w", p.DRACDIDir, err))
-		default:
+			errs = append(errs, err)
+		case d != nil:
 			defer d.Close()
 			names, err := d.Names(maxEntries)
 			if err != nil {

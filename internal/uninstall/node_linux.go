@@ -143,14 +143,24 @@ func ownedDir(d, stateDir string) bool {
 	return strings.Contains(filepath.Base(d), "gpud")
 }
 
-// removeFile removes the file at path (under root).
-func removeFile(root, path string) error {
-	d, err := safefs.OpenExisting(root, filepath.Dir(path))
+// openDir opens the directory at path (under root) to remove things in
+// it: nil, and no error, when it is not there.
+func openDir(root, path string) (*safefs.Dir, error) {
+	d, err := safefs.OpenExisting(root, path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil
+		return nil, nil
 	}
 	if err != nil {
-		return fmt.Errorf("uninstall: %s: %w", path, err)
+		return nil, fmt.Errorf("uninstall: %s: %w", path, err)
+	}
+	return d, nil
+}
+
+// removeFile removes the file at path (under root).
+func removeFile(root, path string) error {
+	d, err := openDir(root, filepath.Dir(path))
+	if d == nil {
+		return err
 	}
 	defer d.Close()
 	if err := d.Remove(filepath.Base(path)); err != nil {
@@ -161,12 +171,9 @@ func removeFile(root, path string) error {
 
 // removeDir removes the directory at path (under root) if it is empty.
 func removeDir(root, path string) error {
-	d, err := safefs.OpenExisting(root, filepath.Dir(path))
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("uninstall: %s: %w", path, err)
+	d, err := openDir(root, filepath.Dir(path))
+	if d == nil {
+		return err
 	}
 	defer d.Close()
 	if err := d.RemoveDir(filepath.Base(path)); err != nil {
@@ -178,12 +185,9 @@ func removeDir(root, path string) error {
 // removeNotices removes the preemption notices gpud left, one per task
 // directory, and the task directories left empty; a task's own files stay.
 func removeNotices(root, checkpointRoot string, log *slog.Logger) error {
-	d, err := safefs.OpenExisting(root, checkpointRoot)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("uninstall: %s: %w", checkpointRoot, err)
+	d, err := openDir(root, checkpointRoot)
+	if d == nil {
+		return err
 	}
 	defer d.Close()
 	names, err := d.Names(maxEntries)
