@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/prometheus/exporter-toolkit/web"
-	"golang.org/x/net/netutil"
 	"golang.org/x/sys/unix"
 
 	"github.com/gpud/gpud/internal/safefs"
@@ -24,11 +23,17 @@ import (
 
 // Limits bound one server. Zero fields take Defaults' values.
 type Limits struct {
-	// MaxConns is how many connections are served at once. Beyond it new
-	// connections wait in the kernel's accept queue (no descriptor, no
-	// goroutine in gpud) until a served one closes.
+	// MaxConns is how many connections are served at once. With every
+	// slot taken an idle one is closed for a newcomer; without one, as
+	// many again wait (see limitListener), and the rest are refused.
 	MaxConns int
-	// ReadHeaderTimeout bounds a request's headers (slow senders).
+	// MaxConnsPerPeer is how many connections one peer (an IPv4 address,
+	// an IPv6 /64) holds at once, waiting ones included: any pod reaches a
+	// hostNetwork port, and one must not take the slots of the scraper.
+	MaxConnsPerPeer int
+	// ReadHeaderTimeout bounds a request's headers (slow senders); a
+	// connection's first request must have sent them this long after it
+	// was accepted, time spent waiting for a slot included.
 	ReadHeaderTimeout time.Duration
 	// ReadTimeout bounds a whole request, body included.
 	ReadTimeout time.Duration
@@ -43,6 +48,7 @@ type Limits struct {
 // reconnecting after an idle close costs it nothing) and `gpud` commands.
 var Defaults = Limits{
 	MaxConns:          64,
+	MaxConnsPerPeer:   8, // a scraper or two, kubelet's probes, `curl`s
 	ReadHeaderTimeout: 5 * time.Second,
 	ReadTimeout:       10 * time.Second,
 	WriteTimeout:      30 * time.Second,
@@ -53,6 +59,9 @@ var Defaults = Limits{
 func (l Limits) WithDefaults() Limits {
 	if l.MaxConns <= 0 {
 		l.MaxConns = Defaults.MaxConns
+	}
+	if l.MaxConnsPerPeer <= 0 {
+		l.MaxConnsPerPeer = min(Defaults.MaxConnsPerPeer, l.MaxConns)
 	}
 	for _, f := range []struct{ v, def *time.Duration }{
 		{&l.ReadHeaderTimeout, &Defaults.ReadHeaderTimeout}, {&l.ReadTimeout, &Defaults.ReadTimeout},
@@ -96,8 +105,10 @@ func ServeWeb(ln net.Listener, h http.Handler, l Limits, webConfig, name string,
 		},
 		Addr: ln.Addr(),
 	}
+	lim := newLimitListener(ln, l, name, log)
+	s.srv.ConnState = lim.connState
 	go func() {
-		lim := netutil.LimitListener(ln, l.MaxConns)
+		defer lim.Close() // web.Serve can fail before it serves
 		var err error
 		if webConfig == "" {
 			err = s.srv.Serve(lim)
