@@ -167,12 +167,14 @@ func (e *Executor) signalAll(gpu int, rule string, preemptor Party, victims []Vi
 // one the task cannot read it anyway, and it is written after the kill.
 func (kb *killBatch) notice(k *victimKill, write func(string, Notice) (string, error)) {
 	e := kb.e
-	if e.CheckpointRoot == "" || k.v.TaskID == "" {
+	// A pod's task is keyed by its namespace: a pod whose namespace is
+	// unknown gets no notice rather than the Docker scope's.
+	if e.CheckpointRoot == "" || k.v.TaskID == "" || (k.v.PodUID != "" && k.v.Workload.Namespace == "") {
 		return
 	}
 	if _, err := write(e.CheckpointRoot, Notice{
 		Time: k.rec.Time, GPU: kb.gpu, Reason: kb.rule, Signal: kb.firstName, GraceSec: kb.grace.Seconds(),
-		TaskID: k.v.TaskID, RecordID: k.rec.ID,
+		TaskID: k.v.TaskID, Namespace: k.v.Workload.Namespace, RecordID: k.rec.ID,
 	}); err != nil {
 		e.log().Warn("writing checkpoint notice", "task_id", k.v.TaskID, "error", err)
 	}

@@ -55,15 +55,17 @@ func (c *Checkpoints) For(podUID, namespace, taskID string) (CheckpointMount, bo
 		r := &recs[i]
 		if r.Action == ActionKill {
 			live[r.ID] = true
-			if r.Victim.TaskID == taskID {
+			// The task is (namespace, task id): another namespace's
+			// kill of the same id is another task, with its own directory.
+			if r.Victim.TaskID == taskID && r.Victim.Namespace == namespace {
 				rec = r // the newest wins: records are oldest first
 			}
 		}
 	}
-	if rec == nil || rec.Victim.Namespace != namespace {
+	if rec == nil {
 		return CheckpointMount{}, false
 	}
-	dir, err := TaskDir(c.Root, taskID)
+	dir, err := TaskDir(c.Root, namespace, taskID)
 	if err != nil {
 		return CheckpointMount{}, false
 	}
@@ -74,7 +76,7 @@ func (c *Checkpoints) For(podUID, namespace, taskID string) (CheckpointMount, bo
 	}
 	host := dir
 	if c.HostRoot != "" {
-		host, _ = TaskDir(c.HostRoot, taskID)
+		host, _ = TaskDir(c.HostRoot, namespace, taskID)
 	}
 	m := CheckpointMount{Dir: host, ReadOnly: true, TaskID: taskID, RecordID: rec.ID}
 	c.mu.Lock()

@@ -65,7 +65,7 @@ func TestCheckpointNoticeAroundTheKill(t *testing.T) {
 	}
 	e := &Executor{ProcRoot: "/proc", CheckpointRoot: root, Journal: j}
 	notice := func(task string) string {
-		b, _ := os.ReadFile(filepath.Join(root, task, CheckpointFile))
+		b, _ := os.ReadFile(filepath.Join(root, DockerScope, task, CheckpointFile)) // no pod: the Docker scope
 		return string(b)
 	}
 
@@ -74,7 +74,7 @@ func TestCheckpointNoticeAroundTheKill(t *testing.T) {
 	e.SetGrace(5 * time.Second)
 	script := `trap 'cat "$NOTICE" > "$SEEN"; exit 0' TERM; : > "$SEEN.ready"; while :; do sleep 0.01; done`
 	cmd := exec.Command("sh", "-c", script)
-	cmd.Env = append(os.Environ(), "NOTICE="+filepath.Join(root, "task-1", CheckpointFile), "SEEN="+seen)
+	cmd.Env = append(os.Environ(), "NOTICE="+filepath.Join(root, DockerScope, "task-1", CheckpointFile), "SEEN="+seen)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +123,7 @@ func TestCheckpointNoticeAroundTheKill(t *testing.T) {
 	if r.Result != "gone" || r.Signal != "" || !processAlive(info.PID) {
 		t.Fatalf("record of a moved victim: %+v (alive %v)", r, processAlive(info.PID))
 	}
-	if _, err := os.Stat(filepath.Join(root, "task-3")); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(root, DockerScope, "task-3")); !os.IsNotExist(err) {
 		t.Fatalf("a victim never signalled got a notice: %v", err)
 	}
 }

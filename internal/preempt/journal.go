@@ -42,7 +42,7 @@ type Journal struct {
 	recent []Record // last keep records, oldest first
 	keep   int
 	seq    uint64
-	byTask map[string]int // task id → index in recent of its newest kill
+	byTask map[taskKey]int // (namespace, task id) → index in recent of its newest kill
 	// torn is set when the file does not end in a newline (a write cut
 	// short by a crash): the next record starts on a line of its own, or it
 	// would be glued to the torn one and lost with it.
@@ -218,11 +218,15 @@ func (j *Journal) compact(path string) error {
 	return nil
 }
 
+// taskKey names a task as its checkpoint directory does (TaskDir): the
+// same task id in two namespaces is two tasks; "" is a Docker container's.
+type taskKey struct{ namespace, taskID string }
+
 func (j *Journal) reindex() {
-	j.byTask = map[string]int{}
+	j.byTask = map[taskKey]int{}
 	for i, r := range j.recent {
 		if r.Action == ActionKill && r.Victim.TaskID != "" {
-			j.byTask[r.Victim.TaskID] = i
+			j.byTask[taskKey{r.Victim.Namespace, r.Victim.TaskID}] = i
 		}
 	}
 }
@@ -433,11 +437,15 @@ func (j *Journal) Health() JournalHealth {
 	return JournalHealth{j.failures, len(j.pending), j.lost, j.lastErr, j.lastAt}
 }
 
-// Resumed marks the newest kill record of a task as resumed, once.
-func (j *Journal) Resumed(taskID string, at time.Time) (Record, bool, error) {
+// Resumed marks the newest kill record of a task as resumed, once. The
+// task is its namespace ("" for a Docker container) and its id, as its
+// checkpoint directory is keyed: a pod in another namespace naming the
+// same task id resumes nothing of this one (a resumed record turns its
+// directory's mount read-only for the task's later pods).
+func (j *Journal) Resumed(namespace, taskID string, at time.Time) (Record, bool, error) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	i, ok := j.byTask[taskID]
+	i, ok := j.byTask[taskKey{namespace, taskID}]
 	if !ok || j.recent[i].ResumedAt != nil {
 		return Record{}, false, nil
 	}

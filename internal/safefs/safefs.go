@@ -95,15 +95,27 @@ func OpenExisting(root, path string) (*Dir, error) {
 // files of root's from: the directory itself may be root's and sticky
 // (others can add entries but not replace root's), as kubelet makes a
 // Secret volume's mount point. Never for a directory gpud writes in.
+// A directory of root's on a read-only mount passes whatever its mode:
+// kubelet makes a ConfigMap volume's mount point 0777 but mounts it
+// read-only into the container, so nobody can add, rename or replace an
+// entry in it (its other path, under the host's /var/lib/kubelet, is
+// root's: see ReadFile).
 func OpenToRead(path string) (*Dir, error) {
-	return openDirOpts("/", path, 0, false, true)
+	return openDirOpts("/", path, 0, false, true, true)
 }
 
 func openDir(root, path string, perm os.FileMode, create bool) (*Dir, error) {
-	return openDirOpts(root, path, perm, create, false)
+	return openDirOpts(root, path, perm, create, false, false)
 }
 
-func openDirOpts(root, path string, perm os.FileMode, create, stickyLast bool) (*Dir, error) {
+// readOnlyMount reports whether the directory open at fd is on a mount
+// nobody can write through (statfs's ST_RDONLY).
+func readOnlyMount(fd int) bool {
+	var fs unix.Statfs_t
+	return unix.Fstatfs(fd, &fs) == nil && fs.Flags&unix.ST_RDONLY != 0
+}
+
+func openDirOpts(root, path string, perm os.FileMode, create, stickyLast, readOnlyOK bool) (*Dir, error) {
 	if path == "" {
 		return nil, errors.New("safefs: empty path")
 	}
@@ -126,7 +138,7 @@ restart:
 	if comps[0] == "" {
 		comps = nil
 	}
-	if err := checkDir("/", &st, len(comps) == 0); err != nil {
+	if err := checkDir("/", &st, len(comps) == 0); err != nil && !(readOnlyOK && trusted(st.Uid) && readOnlyMount(fd)) {
 		unix.Close(fd)
 		return nil, err
 	}
@@ -184,7 +196,7 @@ restart:
 			unix.Close(fd)
 			return nil, fmt.Errorf("safefs: %s: %w", next, err)
 		}
-		if err := checkDir(next, &st, i == len(comps)-1 && !stickyLast); err != nil {
+		if err := checkDir(next, &st, i == len(comps)-1 && !stickyLast); err != nil && !(readOnlyOK && trusted(st.Uid) && readOnlyMount(fd)) {
 			unix.Close(fd)
 			return nil, err
 		}

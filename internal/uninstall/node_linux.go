@@ -183,7 +183,9 @@ func removeDir(root, path string) error {
 }
 
 // removeNotices removes the preemption notices gpud left, one per task
-// directory, and the task directories left empty; a task's own files stay.
+// directory (root/<namespace>/<task>, and the old layout's root/<task>
+// set aside under root/_legacy*), the task and namespace directories left
+// empty, and the layout marker; a task's own files stay.
 func removeNotices(root, checkpointRoot string, log *slog.Logger) error {
 	d, err := openDir(root, checkpointRoot)
 	if d == nil {
@@ -195,26 +197,52 @@ func removeNotices(root, checkpointRoot string, log *slog.Logger) error {
 		return fmt.Errorf("uninstall: %w", err)
 	}
 	var errs []error
+	tasks := 0
 	for _, n := range names {
-		td, err := safefs.OpenExisting(root, filepath.Join(checkpointRoot, n))
+		if n == preempt.LayoutFile {
+			continue
+		}
+		scope := filepath.Join(checkpointRoot, n)
+		sd, err := safefs.OpenExisting(root, scope)
 		if err != nil {
 			// Not a directory gpud would write in (a file, a symlink, not
 			// root's): not gpud's, left alone.
-			log.Warn("checkpoint entry left alone", "path", filepath.Join(checkpointRoot, n), "error", err)
+			log.Warn("checkpoint entry left alone", "path", scope, "error", err)
 			continue
 		}
-		err = td.Remove(preempt.CheckpointFile)
-		td.Close()
+		tds, err := sd.Names(maxEntries)
 		if err != nil {
+			sd.Close()
 			errs = append(errs, err)
 			continue
 		}
+		for _, tn := range tds {
+			td, err := safefs.OpenExisting(root, filepath.Join(scope, tn))
+			if err != nil {
+				log.Warn("checkpoint entry left alone", "path", filepath.Join(scope, tn), "error", err)
+				continue
+			}
+			err = td.Remove(preempt.CheckpointFile)
+			td.Close()
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			tasks++
+			if err := sd.RemoveDir(tn); err != nil && !errors.Is(err, unix.ENOTEMPTY) {
+				errs = append(errs, err)
+			}
+		}
+		sd.Close()
 		if err := d.RemoveDir(n); err != nil && !errors.Is(err, unix.ENOTEMPTY) {
 			errs = append(errs, err)
 		}
 	}
-	if len(names) > 0 {
-		log.Info("preemption notices removed", "checkpoint_root", checkpointRoot, "tasks", len(names))
+	if err := d.Remove(preempt.LayoutFile); err != nil {
+		errs = append(errs, err)
+	}
+	if tasks > 0 {
+		log.Info("preemption notices removed", "checkpoint_root", checkpointRoot, "tasks", tasks)
 	}
 	return errors.Join(errs...)
 }

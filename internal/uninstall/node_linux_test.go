@@ -32,8 +32,8 @@ func node(t *testing.T) (string, Paths) {
 		CheckpointRoot: "/var/lib/gpud/checkpoints",
 	}
 	for _, f := range []string{p.StateFile, p.ControlSocket, "/var/lib/gpud/" + JournalFile,
-		"/var/lib/gpud/checkpoints/task-a/" + preempt.CheckpointFile,
-		"/var/lib/gpud/checkpoints/task-b/" + preempt.CheckpointFile} {
+		"/var/lib/gpud/checkpoints/ml/task-a/" + preempt.CheckpointFile,
+		"/var/lib/gpud/checkpoints/_legacy/task-b/" + preempt.CheckpointFile, "/var/lib/gpud/checkpoints/" + preempt.LayoutFile} {
 		write(t, filepath.Join(root, f))
 	}
 	return root, p
@@ -87,7 +87,7 @@ func TestNodeRemovesGpudsFilesAndDirectories(t *testing.T) {
 func TestNodeRemovesOnlyGpudsOwnFiles(t *testing.T) {
 	root, p := node(t)
 	p.KeepRecords = true
-	ckpt := filepath.Join(root, "/var/lib/gpud/checkpoints/task-a/model.ckpt")
+	ckpt := filepath.Join(root, "/var/lib/gpud/checkpoints/ml/task-a/model.ckpt")
 	write(t, ckpt)
 	// A user's link where the state file was: the link goes, not its target.
 	victim := filepath.Join(root, "etc/important")
@@ -98,7 +98,7 @@ func TestNodeRemovesOnlyGpudsOwnFiles(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A task directory another user made: not gpud's, left with its file.
-	theirs := testutil.MkdirOwned(t, filepath.Join(root, "/var/lib/gpud/checkpoints/task-c"), 0o755, nobody)
+	theirs := testutil.MkdirOwned(t, filepath.Join(root, "/var/lib/gpud/checkpoints/ml/task-c"), 0o755, nobody)
 	write(t, filepath.Join(theirs, preempt.CheckpointFile))
 
 	if err := Node(p, slog.Default()); err != nil {
@@ -109,7 +109,7 @@ func TestNodeRemovesOnlyGpudsOwnFiles(t *testing.T) {
 			t.Errorf("%s removed", f)
 		}
 	}
-	for _, f := range []string{sf, filepath.Join(root, "/var/lib/gpud/checkpoints/task-a", preempt.CheckpointFile), filepath.Join(root, "/var/lib/gpud/checkpoints/task-b"), filepath.Join(root, "/run/gpud")} {
+	for _, f := range []string{sf, filepath.Join(root, "/var/lib/gpud/checkpoints/ml/task-a", preempt.CheckpointFile), filepath.Join(root, "/var/lib/gpud/checkpoints/_legacy/task-b"), filepath.Join(root, "/run/gpud")} {
 		if exists(f) {
 			t.Errorf("%s left", f)
 		}

@@ -135,7 +135,7 @@ func TestCheckpointMountOnlyForTheTaskThroughNRI(t *testing.T) {
 	gpuPod(t, "ckhigh", "high", gpu)
 	hold(t, holders, "ckhigh")
 	testutil.Eventually(t, 10*time.Second, "the low pod's process is dead", func() bool { return !testutil.Alive(victimPID) })
-	notice := filepath.Join(ckpt, "train-42", preempt.CheckpointFile)
+	notice := filepath.Join(ckpt, "default", "train-42", preempt.CheckpointFile) // keyed by namespace
 	testutil.Eventually(t, 10*time.Second, "the checkpoint notice is written", func() bool { _, err := os.Stat(notice); return err == nil })
 
 	inside := func(ns, pod string) string {
@@ -165,7 +165,7 @@ func TestCheckpointMountOnlyForTheTaskThroughNRI(t *testing.T) {
 		t.Errorf("a pod of another task: %q, want no mount", got)
 	}
 	// What the resuming pod wrote is there on the host; nothing else was.
-	ents, _ := os.ReadDir(filepath.Join(ckpt, "train-42"))
+	ents, _ := os.ReadDir(filepath.Join(ckpt, "default", "train-42"))
 	var names []string
 	for _, e := range ents {
 		names = append(names, e.Name())
