@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -212,16 +213,19 @@ func TestGateExpectedCgroup(t *testing.T) {
 		t.Fatal(err)
 	}
 	name := func(n string) string { return fmt.Sprintf("gpud-bpftest-%s-%d", n, os.Getpid()) }
-	if err := m.ExpectCgroup(name("expected"), bpf.PrioLow); err != nil {
+	// The runtime's parent, where the expected cgroups are made.
+	place, placeID := cgroupDir(t, "", "place")
+	parents := []uint64{placeID}
+	if err := m.ExpectCgroup(name("expected"), bpf.PrioLow, parents); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.ExpectCgroup(name("forgotten"), bpf.PrioLow); err != nil {
+	if err := m.ExpectCgroup(name("forgotten"), bpf.PrioLow, parents); err != nil {
 		t.Fatal(err)
 	}
 	if err := m.UnexpectCgroup(name("forgotten")); err != nil {
 		t.Fatal(err)
 	}
-	expected, _ := cgroupDir(t, "", "expected")
+	expected, _ := cgroupDir(t, place, "expected")
 	if err := verdict(m, openFrom(t, expected, gpus[0].Path), true); err != nil {
 		t.Errorf("first open from an expected low cgroup on a high-held GPU: %v", err)
 	}
@@ -231,7 +235,7 @@ func TestGateExpectedCgroup(t *testing.T) {
 		t.Errorf("child of an expected low cgroup: %v", err)
 	}
 	for _, n := range []string{"forgotten", "other"} {
-		dir, _ := cgroupDir(t, "", n)
+		dir, _ := cgroupDir(t, place, n)
 		if err := verdict(m, openFrom(t, dir, gpus[0].Path), false); err != nil {
 			t.Errorf("cgroup %s: %v", n, err)
 		}
@@ -239,15 +243,80 @@ func TestGateExpectedCgroup(t *testing.T) {
 	// Names the kernel key cannot hold exactly, or that are not one path
 	// element, are refused rather than cut short.
 	for _, bad := range []string{"", "a/b", strings.Repeat("x", bpf.CgroupNameMax+1)} {
-		if err := m.ExpectCgroup(bad, bpf.PrioLow); err == nil {
+		if err := m.ExpectCgroup(bad, bpf.PrioLow, parents); err == nil {
 			t.Errorf("ExpectCgroup(%.20q): no error", bad)
 		}
 	}
-	if err := m.ExpectCgroup(strings.Repeat("x", bpf.CgroupNameMax), bpf.PrioLow); err != nil {
+	if err := m.ExpectCgroup(strings.Repeat("x", bpf.CgroupNameMax), bpf.PrioLow, parents); err != nil {
 		t.Errorf("a name of CgroupNameMax bytes: %v", err)
 	}
-	if err := m.ExpectCgroup(name("x"), 7); err == nil {
+	if err := m.ExpectCgroup(name("x"), 7, parents); err == nil {
 		t.Error("ExpectCgroup with class 7: no error")
+	}
+	for _, bad := range [][]uint64{nil, {0}, make([]uint64, bpf.ExpectParents+1)} {
+		if err := m.ExpectCgroup(name("x"), bpf.PrioLow, bad); err == nil {
+			t.Errorf("ExpectCgroup with parents %v: no error", bad)
+		}
+	}
+}
+
+// An expected name is a workload's cgroup only when root makes it directly
+// in one of the runtime's parents it was expected in: the same name made
+// by an unprivileged user who owns that parent (a delegated subtree), or
+// by root anywhere else, is a look-alike and stays unclassified (an open
+// from it is judged as a host process's); the control, root in the right
+// parent, is classified.
+func TestGateExpectedCgroupPlace(t *testing.T) {
+	_, gpus := testutil.MakeFakeGPUs(t, 1)
+	m := loadMonitor(t, gpus)
+	if err := m.MkdirHook(); err != nil {
+		t.Fatalf("cgroup_mkdir programs not attached: %v", err)
+	}
+	if err := m.Register(uint32(os.Getpid()), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.SetEnforcing(true, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.SetGPUPolicy(0, bpf.GPUPolicy{High: 1}, bpf.MonotonicNow()); err != nil {
+		t.Fatal(err)
+	}
+	name := func(n string) string { return fmt.Sprintf("gpud-bpftest-%s-%d", n, os.Getpid()) }
+	place, placeID := cgroupDir(t, "", "runtime")
+	elsewhere, _ := cgroupDir(t, "", "elsewhere")
+	for _, n := range []string{"root-here", "root-elsewhere", "user-here"} {
+		if err := m.ExpectCgroup(name(n), bpf.PrioLow, []uint64{placeID}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The parent delegated as systemd delegates a subtree: its owner may
+	// make cgroups directly in it.
+	for _, f := range []string{"", "cgroup.procs", "cgroup.subtree_control"} {
+		if err := os.Chown(filepath.Join(place, f), 65534, 65534); err != nil {
+			t.Fatal(err)
+		}
+	}
+	userDir := filepath.Join(place, name("user-here"))
+	mkdir := exec.Command("mkdir", userDir)
+	mkdir.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	if out, err := mkdir.CombinedOutput(); err != nil {
+		t.Fatalf("mkdir as uid 65534: %v: %s", err, out)
+	}
+	t.Cleanup(func() {
+		for i := 0; i < 100 && os.Remove(userDir) != nil; i++ {
+			time.Sleep(10 * time.Millisecond)
+		}
+	})
+	if err := verdict(m, openFrom(t, userDir, gpus[0].Path), false); err != nil {
+		t.Errorf("expected name made by uid 65534 in the right parent: %v", err)
+	}
+	dir, _ := cgroupDir(t, elsewhere, "root-elsewhere")
+	if err := verdict(m, openFrom(t, dir, gpus[0].Path), false); err != nil {
+		t.Errorf("expected name made by root in another parent: %v", err)
+	}
+	dir, _ = cgroupDir(t, place, "root-here")
+	if err := verdict(m, openFrom(t, dir, gpus[0].Path), true); err != nil {
+		t.Errorf("expected name made by root in the right parent: %v", err)
 	}
 }
 

@@ -11,7 +11,7 @@
 // openat-exit observer reads a single global counter before anything else, so
 // for every open that is not a GPU open it costs one load and one compare.
 // Close, fork, exec, exit and dup observers first look the process up in
-// `holders` (processes known to hold, or to have held, a GPU fd) and return
+// `holder_tgids` (processes known to hold, or to have held, a GPU fd) and return
 // at once for everybody else.
 //
 // That is --hooks syscalls, whose sys_enter/sys_exit programs make every
@@ -21,7 +21,8 @@
 // observer then looks up every new fd itself. --hooks driver loads
 // neither: the gate reports GPU opens itself (report_opens), and kprobes on
 // the driver's release and on receive_fd, which run for nothing else, report
-// last closes and passed fds.
+// last closes and passed fds; without kprobes, the sock tracepoints (AF_UNIX
+// sends and receives only) report fds passed by SCM_RIGHTS.
 
 #include "headers/gpud.h"
 
@@ -54,12 +55,26 @@ volatile __u32 check_opens = 0;
 // --- kernel-maintained counters, read by user space ---
 volatile __u64 pending_marks = 0; // GPU opens marked by the gate, not yet seen at openat exit
 volatile __u64 dropped = 0;       // events lost because the ring buffer was full
-volatile __u64 scm_armed_until = 0; // a holder sent control data: watch recvmsg until then
+// Set by user space once the sock tracepoints run: sys_exit then leaves
+// received fds to them.
+volatile __u32 sock_hooks = 0;
+// Set by the kernel once a socket was marked in scm_socks: receives look
+// the map up only from then on.
+volatile __u32 scm_socks_used = 0;
+volatile __u64 pending_full = 0;    // GPU opens the gate reported itself: pending was full
 
 // Every per-GPU map is keyed by the GPU's kernel dev_t (major << 20 |
 // minor), whatever its minor number or node name: a GPU is its device
 // number. The value here is the GPU's index as user space names it, for
 // events only.
+//
+// Map bounds (#32): no unprivileged action may fill a map the protection
+// depends on. Each map says who adds its entries, its bound, and what
+// happens when it is full; user space reports each one's use
+// (Monitor.MapUsage: gpud_kernel_map_entries / _capacity, gpud status).
+//
+// gpu_devs: user space only, one per GPU (MAX_GPUS); a GPU that does not
+// fit is shown as not protected (SetGPUs).
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, MAX_GPUS);
@@ -67,6 +82,11 @@ struct {
 	__type(value, __u32); // GPU index
 } gpu_devs SEC(".maps");
 
+// pending: the gate, for any task that opens (or access()es) a GPU node,
+// often world-readable: one entry per task, gone at its openat exit or its
+// exit, so a user with many threads can fill it. Full is safe: the gate then
+// reports the open itself, as under --hooks driver (EV_OPEN, fd unknown:
+// user space reads the opener's fd table), and counts it in pending_full.
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 16384);
@@ -77,12 +97,34 @@ struct {
 #define MARK_GPU 1  // the task is opening a GPU
 #define MARK_HIGH 2 // ... as a high-priority opener
 
+// holder_tgids: every process that holds or has held a GPU fd, one byte
+// per tgid (1; cleared at its exit), set by the kernel for any opener of a
+// GPU node and for a holder's children, and by user space (WatchProcess).
+// It spans every tgid the kernel can give (PID_MAX_LIMIT, 2^22: 4 MiB, less
+// than the 65536-entry hash it replaces), so no number of processes fills
+// it: a holder is always followed.
+#define HOLDER_SLOT 4096
+#define PID_MAX_LIMIT (4 * 1024 * 1024)
+
+struct holder_slot {
+	__u8 tgid[HOLDER_SLOT];
+};
+
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 65536);
-	__type(key, __u32);   // tgid
-	__type(value, __u32); // 1: has held a GPU fd (removed when the process exits)
-} holders SEC(".maps");
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, PID_MAX_LIMIT / HOLDER_SLOT);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__type(key, __u32); // tgid / HOLDER_SLOT
+	__type(value, struct holder_slot);
+} holder_tgids SEC(".maps");
+
+// cgroup_prio: user space for workloads it classified, and the kernel's
+// cgroup_mkdir program for a cgroup whose leaf name user space expects
+// (only one root made under the runtime's expected parent: #32 class 1),
+// removed at rmdir. Bounded by the node's workloads, not by its users.
+// Full: a new workload is not classified in the kernel: the gate
+// default-allows its opens and user space's after-the-fact rule
+// (gate.Controller.Opened) judges them; gpud reports the map from 80 %.
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -112,11 +154,28 @@ struct cgroup_name {
 	char name[CGROUP_NAME_LEN];
 };
 
+// What a name is expected as: its class, and the cgroups it may be made
+// in (the runtime's parents: /docker, /system.slice, kubelet's kubepods
+// cgroups, by their ids; 0 is none). The same name made anywhere else, or
+// by a user other than root (the owner of a delegated subtree makes any
+// name in it), is a look-alike and stays unclassified.
+#define EXPECT_PARENTS 4
+struct cgroup_expect {
+	__u32 prio; // enum prio
+	__u32 pad;
+	__u64 parents[EXPECT_PARENTS];
+};
+
+// expect_cgroup: user space only, one per container or pod it was told
+// is coming (Docker's create event, the informer, NRI), gone with it:
+// bounded by the node's workloads. Full: ExpectCgroup fails (logged), the
+// workload is classified when user space sees it start and its first opens
+// are judged after the fact; gpud reports the map from 80 %.
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 16384);
 	__type(key, struct cgroup_name);
-	__type(value, __u32); // enum prio
+	__type(value, struct cgroup_expect);
 } expect_cgroup SEC(".maps");
 
 // Written by the kernel only: when a high-priority open of the GPU was last
@@ -147,6 +206,9 @@ struct gpu_set {
 	__u64 bits[MAX_GPUS / 64];
 };
 
+// share_fence: user space only, one per pod holding a DRA share on this
+// node (bounded by the node's pods). Full: FenceCgroup fails (logged) and
+// that pod is judged by the share rule after the fact; reported from 80 %.
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 16384);
@@ -166,6 +228,8 @@ struct deny_key {
 	__u32 pad;
 };
 
+// deny_reported: the gate, per refused (cgroup, GPU). An LRU: forgetting
+// an entry only reports a refusal again (a rate limit, no protection).
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 4096);
@@ -175,13 +239,22 @@ struct {
 
 #define DENY_REPORT_INTERVAL_NS (100ULL * 1000 * 1000)
 
+// scm_socks: AF_UNIX sockets on which a holder queued fds (SCM_RIGHTS),
+// marked by the sending side of the sock tracepoints and dropped by the
+// receive that leaves none queued. Anyone holding a GPU fd can add entries
+// (one per socket with fds in flight), so it is an LRU: a stale entry (a
+// socket closed with fds unread) goes first; a mark evicted by 16384 newer
+// ones loses that receive's report, and the receiver is found by the next
+// /proc reconciliation.
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 4096);
-	__type(key, __u64);   // pid_tgid inside recvmsg while armed
-	__type(value, __u64); // user pointer to its struct user_msghdr
-} recv_msgs SEC(".maps");
+	__uint(max_entries, 16384);
+	__type(key, __u64);   // struct sock pointer of the receiving socket
+	__type(value, __u64); // when it was marked (CLOCK_MONOTONIC)
+} scm_socks SEC(".maps");
 
+// events: full drops an event (counted in dropped), and user space
+// answers every drop with a full /proc reconciliation.
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 1 << 22);
@@ -216,22 +289,31 @@ static __always_inline int gpu_of_inode(struct inode *ino, __u32 *dev)
 	return (int)*gpu;
 }
 
+// fd_file returns task t's file at fd, or NULL.
+static __always_inline struct file *fd_file(struct task_struct *t, long fd)
+{
+	struct files_struct *files = BPF_CORE_READ(t, files);
+	if (!files)
+		return NULL;
+	struct fdtable *fdt = BPF_CORE_READ(files, fdt);
+	if (!fdt)
+		return NULL;
+	unsigned int max = BPF_CORE_READ(fdt, max_fds);
+	if (fd < 0 || (unsigned long)fd >= max)
+		return NULL;
+	struct file **arr = BPF_CORE_READ(fdt, fd);
+	struct file *f = NULL;
+	if (bpf_probe_read_kernel(&f, sizeof(f), &arr[fd]))
+		return NULL;
+	return f;
+}
+
 // fd_gpu returns the GPU index behind fd of task t, or -1; *dev gets the
 // GPU's dev_t.
 static __always_inline int fd_gpu(struct task_struct *t, long fd, __u32 *dev)
 {
-	struct files_struct *files = BPF_CORE_READ(t, files);
-	if (!files)
-		return -1;
-	struct fdtable *fdt = BPF_CORE_READ(files, fdt);
-	if (!fdt)
-		return -1;
-	unsigned int max = BPF_CORE_READ(fdt, max_fds);
-	if (fd < 0 || (unsigned long)fd >= max)
-		return -1;
-	struct file **arr = BPF_CORE_READ(fdt, fd);
-	struct file *f = NULL;
-	if (bpf_probe_read_kernel(&f, sizeof(f), &arr[fd]) || !f)
+	struct file *f = fd_file(t, fd);
+	if (!f)
 		return -1;
 	return gpu_of_inode(BPF_CORE_READ(f, f_inode), dev);
 }
@@ -260,10 +342,29 @@ static __always_inline void emit(__u32 type, __u32 pid, __u32 tgid, __u32 ppid, 
 	emit_cg(type, pid, tgid, ppid, fd, gpu, bpf_get_current_cgroup_id());
 }
 
+// holder_byte is tgid's byte in holder_tgids (NULL past PID_MAX_LIMIT,
+// which no kernel gives). One byte per process, so setting and clearing
+// are plain stores (no atomics: 5.10 has none but add).
+static __always_inline __u8 *holder_byte(__u32 tgid)
+{
+	__u32 slot = tgid / HOLDER_SLOT;
+	struct holder_slot *s = bpf_map_lookup_elem(&holder_tgids, &slot);
+	if (!s)
+		return NULL;
+	return &s->tgid[tgid & (HOLDER_SLOT - 1)];
+}
+
+static __always_inline int is_holder(__u32 tgid)
+{
+	__u8 *b = holder_byte(tgid);
+	return b && *b;
+}
+
 static __always_inline void mark_holder(__u32 tgid)
 {
-	__u32 one = 1;
-	bpf_map_update_elem(&holders, &tgid, &one, BPF_ANY);
+	__u8 *b = holder_byte(tgid);
+	if (b)
+		*b = 1;
 }
 
 // ----------------------------------------------------------------------------
@@ -324,6 +425,31 @@ static __always_inline void gate_event(__u32 type, __u32 gpu, __u64 cgroup_id)
 	emit_cg(type, BPF_CORE_READ(t, pid), BPF_CORE_READ(t, tgid), 0, -1, gpu, cgroup_id);
 }
 
+// report_open reports a GPU open the gate lets through (EV_OPEN, fd
+// unknown: user space reads the opener's fd table): under --hooks driver
+// for every open, otherwise when pending has no room for the mark.
+static __always_inline int report_open(__u32 mark, __u32 rdev, __u32 gpu)
+{
+	struct task_struct *t = (struct task_struct *)bpf_get_current_task();
+	__u32 tgid = BPF_CORE_READ(t, tgid);
+	if (is_consumer(tgid))
+		return 1;
+	mark_holder(tgid);
+	// ppid says whether this open marked the GPU high: only such
+	// opens hold user space's confirmations back until their fd is
+	// found.
+	emit(EV_OPEN, BPF_CORE_READ(t, pid), tgid, (mark & MARK_HIGH) ? OPEN_MARKED_HIGH : 0, FD_UNKNOWN, gpu);
+	if (mark & MARK_HIGH) {
+		// Marked again after the event is queued: user space cannot
+		// confirm past this mark before it has read the event (and it
+		// confirms no further until it has found the new fd).
+		__u64 *hmark = bpf_map_lookup_elem(&gpu_high_mark, &rdev);
+		if (hmark)
+			*hmark = bpf_ktime_get_ns();
+	}
+	return 1;
+}
+
 SEC("cgroup/dev")
 int gpud_gate(struct bpf_cgroup_dev_ctx *ctx)
 {
@@ -346,6 +472,23 @@ int gpud_gate(struct bpf_cgroup_dev_ctx *ctx)
 		if (fence == FENCE_OUT)
 			return 0; // EPERM: a sharing pod opens a GPU it has no share of
 		struct gpu_pol *pol = bpf_map_lookup_elem(&gpu_policy, &rdev);
+		if (fence == FENCE_NONE && pol && pol->shared) {
+			// A GPU shared by memory is opened by its claimants (FENCE_IN),
+			// agents and host processes only (cgroups user space never
+			// classifies: they stay default-allowed). Any workload gpud
+			// knows without a share of it, whatever its class, is refused.
+			int reserved_ok = 0;
+			__u64 matched = 0;
+			if (classify(0, &reserved_ok, &matched) != PRIO_NONE) {
+				struct deny_key dk = {.cgroup = matched, .gpu = gpu};
+				__u64 *last = bpf_map_lookup_elem(&deny_reported, &dk);
+				if (!last || now - *last > DENY_REPORT_INTERVAL_NS) {
+					bpf_map_update_elem(&deny_reported, &dk, &now, BPF_ANY);
+					gate_event(EV_DENY, gpu, matched);
+				}
+				return 0; // EPERM
+			}
+		}
 		__u64 *hmark = bpf_map_lookup_elem(&gpu_high_mark, &rdev);
 		__u64 *conf = bpf_map_lookup_elem(&gpu_confirmed, &rdev);
 		// A GPU shared by memory is no one's to hold: its pods are there
@@ -383,31 +526,18 @@ int gpud_gate(struct bpf_cgroup_dev_ctx *ctx)
 		}
 	}
 
-	if (report_opens) {
-		struct task_struct *t = (struct task_struct *)bpf_get_current_task();
-		__u32 tgid = BPF_CORE_READ(t, tgid);
-		if (is_consumer(tgid))
-			return 1;
-		mark_holder(tgid);
-		// ppid says whether this open marked the GPU high: only such
-		// opens hold user space's confirmations back until their fd is
-		// found.
-		emit(EV_OPEN, BPF_CORE_READ(t, pid), tgid, (mark & MARK_HIGH) ? OPEN_MARKED_HIGH : 0, FD_UNKNOWN, gpu);
-		if (mark & MARK_HIGH) {
-			// Marked again after the event is queued: user space cannot
-			// confirm past this mark before it has read the event (and it
-			// confirms no further until it has found the new fd).
-			__u64 *hmark = bpf_map_lookup_elem(&gpu_high_mark, &rdev);
-			if (hmark)
-				*hmark = bpf_ktime_get_ns();
-		}
-		return 1;
-	}
+	if (report_opens)
+		return report_open(mark, rdev, gpu);
 	__u64 task = bpf_get_current_task();
 	if (bpf_map_update_elem(&pending, &task, &mark, BPF_NOEXIST) == 0)
 		__sync_fetch_and_add(&pending_marks, 1);
-	else
-		bpf_map_update_elem(&pending, &task, &mark, BPF_EXIST);
+	else if (bpf_map_update_elem(&pending, &task, &mark, BPF_EXIST) != 0) {
+		// pending is full (a user's many live threads opened or
+		// access()ed a GPU node): no open goes unseen for it, the gate
+		// reports this one itself, as under --hooks driver.
+		__sync_fetch_and_add(&pending_full, 1);
+		return report_open(mark, rdev, gpu);
+	}
 	return 1;
 }
 
@@ -464,7 +594,7 @@ static __always_inline int on_new_fd(long ret, int holders_only)
 		return 0;
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tgid = id >> 32;
-	if (holders_only && !bpf_map_lookup_elem(&holders, &tgid))
+	if (holders_only && !is_holder(tgid))
 		return 0;
 	if (is_consumer(tgid))
 		return 0;
@@ -485,7 +615,7 @@ static __always_inline int resync_holder(long ret)
 		return 0;
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tgid = id >> 32;
-	if (!bpf_map_lookup_elem(&holders, &tgid) || is_consumer(tgid))
+	if (!is_holder(tgid) || is_consumer(tgid))
 		return 0;
 	emit(EV_RESYNC, (__u32)id, tgid, 0, -1, -1);
 	return 0;
@@ -497,7 +627,7 @@ static __always_inline int enter_close(unsigned long fd_arg)
 		return 0;
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tgid = id >> 32;
-	if (!bpf_map_lookup_elem(&holders, &tgid))
+	if (!is_holder(tgid))
 		return 0;
 	long fd = (long)(int)fd_arg;
 	__u32 dev = 0;
@@ -508,53 +638,89 @@ static __always_inline int enter_close(unsigned long fd_arg)
 	return 0;
 }
 
-// fds passed over unix sockets (SCM_RIGHTS): a holder sending control data
-// arms a window during which any recvmsg that receives control data asks for a
-// reconciliation of the receiver.
-static __always_inline int enter_sendmsg(void *msgp)
+// fds passed over unix sockets (SCM_RIGHTS), --hooks syscalls on a kernel
+// without the sock tracepoints: at the exit of recvmsg and recvmmsg on an
+// AF_UNIX socket, the control data the kernel wrote says whether fds came
+// in; if so, user space reconciles the receiver. Read at the exit, from the
+// syscall's own registers, so a receiver that was already waiting inside
+// recvmsg when the fds were sent is seen too; nothing is needed at the
+// send (sendmsg, sendmmsg).
+
+static __always_inline int fd_is_unix_socket(long fd)
 {
-	if (!monitoring)
+	struct file *f = fd_file((struct task_struct *)bpf_get_current_task(), fd);
+	if (!f)
 		return 0;
-	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
-	if (!bpf_map_lookup_elem(&holders, &tgid))
+	umode_t mode = BPF_CORE_READ(f, f_inode, i_mode);
+	if ((mode & S_IFMT) != S_IFSOCK)
 		return 0;
-	__u64 controllen = 0;
-	if (bpf_probe_read_user(&controllen, sizeof(controllen), msgp + USER_MSGHDR_CONTROLLEN_OFF))
+	struct socket *sock = BPF_CORE_READ(f, private_data);
+	if (!sock)
 		return 0;
-	if (controllen == 0)
-		return 0;
-	scm_armed_until = bpf_ktime_get_ns() + SCM_WINDOW_NS;
-	return 0;
+	return BPF_CORE_READ(sock, sk, __sk_common.skc_family) == AF_UNIX;
 }
 
-static __always_inline int enter_recvmsg(void *msgp)
+// A received message's control messages looked at: SCM_RIGHTS comes after
+// SCM_CREDENTIALS, SCM_PIDFD and SCM_SECURITY at most.
+#define SCM_CMSGS 6
+// recvmmsg's messages looked at one by one; past them, the receiver is
+// reconciled whatever they hold.
+#define SCM_MMSGS 8
+
+// scm_rights_in: the received struct user_msghdr at msg carries SCM_RIGHTS
+// (1), or might (1: more control messages than SCM_CMSGS), or does not (0).
+static __always_inline int scm_rights_in(void *msg)
 {
-	if (scm_armed_until == 0 || bpf_ktime_get_ns() > scm_armed_until)
+	__u64 control = 0, controllen = 0;
+	if (bpf_probe_read_user(&controllen, sizeof(controllen), msg + USER_MSGHDR_CONTROLLEN_OFF) ||
+	    bpf_probe_read_user(&control, sizeof(control), msg + USER_MSGHDR_CONTROL_OFF))
 		return 0;
-	__u64 id = bpf_get_current_pid_tgid();
-	__u64 msg = (__u64)msgp;
-	bpf_map_update_elem(&recv_msgs, &id, &msg, BPF_ANY);
-	return 0;
+	__u64 off = 0;
+	for (int i = 0; i < SCM_CMSGS; i++) {
+		struct {
+			__u64 len;
+			__s32 level;
+			__s32 type;
+		} h;
+		if (off + sizeof(h) > controllen)
+			return 0;
+		if (bpf_probe_read_user(&h, sizeof(h), (void *)(control + off)))
+			return 0;
+		if (h.level == SOL_SOCKET && h.type == SCM_RIGHTS)
+			return 1;
+		if (h.len < sizeof(h))
+			return 0;
+		off += (h.len + 7) & ~7ULL;
+	}
+	return off + 16 <= controllen;
 }
 
-static __always_inline int exit_recvmsg(long ret)
+static __always_inline int exit_recvmsg(long fd, void *msg, long ret, int many)
 {
-	// A recvmsg that started inside the window may end well after it.
-	if (scm_armed_until == 0 || bpf_ktime_get_ns() > scm_armed_until + SCM_WINDOW_NS * 6)
+	if (!monitoring || sock_hooks || ret < 0 || (many && ret == 0))
+		return 0;
+	if (!fd_is_unix_socket(fd))
+		return 0;
+	int got = 0;
+	if (!many) {
+		got = scm_rights_in(msg);
+	} else {
+		for (int i = 0; i < SCM_MMSGS; i++) {
+			if (i >= ret)
+				break;
+			if (scm_rights_in(msg + i * MMSGHDR_SIZE)) {
+				got = 1;
+				break;
+			}
+		}
+		if (ret > SCM_MMSGS)
+			got = 1;
+	}
+	if (!got)
 		return 0;
 	__u64 id = bpf_get_current_pid_tgid();
-	__u64 *msg = bpf_map_lookup_elem(&recv_msgs, &id);
-	if (!msg)
-		return 0;
-	__u64 ptr = *msg;
-	bpf_map_delete_elem(&recv_msgs, &id);
-	if (ret < 0 || !monitoring)
-		return 0;
-	__u64 controllen = 0;
-	if (bpf_probe_read_user(&controllen, sizeof(controllen), (void *)ptr + USER_MSGHDR_CONTROLLEN_OFF))
-		return 0;
 	__u32 tgid = id >> 32;
-	if (controllen == 0 || is_consumer(tgid))
+	if (is_consumer(tgid))
 		return 0;
 	mark_holder(tgid);
 	emit(EV_RESYNC, (__u32)id, tgid, 0, -1, -1);
@@ -573,10 +739,6 @@ int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id)
 	switch (id) {
 	case NR_close:
 		return enter_close(SYSCALL_ARG1(regs));
-	case NR_sendmsg:
-		return enter_sendmsg((void *)SYSCALL_ARG2(regs));
-	case NR_recvmsg:
-		return enter_recvmsg((void *)SYSCALL_ARG2(regs));
 	}
 	return 0;
 }
@@ -602,8 +764,12 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
 	case NR_dup3:
 	case NR_close_range:
 		return resync_holder(ret);
+	// The registers still hold the arguments at exit (arm64's first is
+	// orig_x0, SYSCALL_ARG1).
 	case NR_recvmsg:
-		return exit_recvmsg(ret);
+		return exit_recvmsg((int)SYSCALL_ARG1(regs), (void *)SYSCALL_ARG2(regs), ret, 0);
+	case NR_recvmmsg:
+		return exit_recvmsg((int)SYSCALL_ARG1(regs), (void *)SYSCALL_ARG2(regs), ret, 1);
 	}
 	return 0;
 }
@@ -661,6 +827,80 @@ int on_receive_fd(struct pt_regs *ctx)
 }
 
 // ----------------------------------------------------------------------------
+// Passed descriptors without kprobes (the sock tracepoints, Linux 6.3+):
+// nothing on the syscall path, and only AF_UNIX sockets go past the first
+// compare. A holder that queues fds on a socket marks that (receiving)
+// socket; the next receive on it asks user space to reconcile the receiver
+// at once (EV_RESYNC: its fd table is read and the rules judge the new
+// holder), recvmsg, recvmmsg and io_uring's alike, since every socket
+// receive ends in sock_recvmsg. The send is seen at sk_data_ready:
+// the message is queued and the receiver not woken yet, so a receiver
+// that sleeps in recvmsg always finds the mark; a receiver already inside
+// recvmsg may dequeue the message first, which the sender sees as an empty
+// queue: it marks then too (it cannot tell whether that message carried
+// fds). Where sk_data_ready is missing, sock_send_length (after the send)
+// marks the sender's peer: connected sockets only, and a woken receiver
+// can outrun it.
+
+static __always_inline int unix_fds_queued(struct sock *sk)
+{
+	struct unix_sock *u = (struct unix_sock *)sk;
+	if (!bpf_core_field_exists(u->scm_stat))
+		return 1; // not counted on this kernel: assume some
+	return BPF_CORE_READ(u, scm_stat.nr_fds.counter);
+}
+
+static __always_inline int scm_queued(struct sock *sk)
+{
+	if (!monitoring || !sk || BPF_CORE_READ(sk, __sk_common.skc_family) != AF_UNIX)
+		return 0;
+	if (!is_holder(bpf_get_current_pid_tgid() >> 32))
+		return 0;
+	if (unix_fds_queued(sk) == 0 && BPF_CORE_READ(sk, sk_receive_queue.qlen) != 0)
+		return 0; // nothing passed, and the message is still queued
+	__u64 key = (__u64)sk;
+	__u64 now = bpf_ktime_get_ns();
+	bpf_map_update_elem(&scm_socks, &key, &now, BPF_ANY);
+	if (!scm_socks_used)
+		scm_socks_used = 1;
+	return 0;
+}
+
+// The sender queued a message on sk (the receiving socket).
+SEC("tp_btf/sk_data_ready")
+int BPF_PROG(on_sk_data_ready, const struct sock *sk)
+{
+	return scm_queued((struct sock *)sk);
+}
+
+SEC("tp_btf/sock_send_length")
+int BPF_PROG(on_sock_send, struct sock *sk, int ret, int flags)
+{
+	if (ret < 0 || !monitoring || BPF_CORE_READ(sk, __sk_common.skc_family) != AF_UNIX)
+		return 0;
+	return scm_queued(BPF_CORE_READ((struct unix_sock *)sk, peer));
+}
+
+SEC("tp_btf/sock_recv_length")
+int BPF_PROG(on_sock_recv, struct sock *sk, int ret, int flags)
+{
+	if (!scm_socks_used || ret < 0 || !monitoring)
+		return 0;
+	__u64 key = (__u64)sk;
+	if (!bpf_map_lookup_elem(&scm_socks, &key))
+		return 0;
+	if (unix_fds_queued(sk) == 0)
+		bpf_map_delete_elem(&scm_socks, &key);
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32;
+	if (is_consumer(tgid))
+		return 0;
+	mark_holder(tgid);
+	emit(EV_RESYNC, (__u32)id, tgid, 0, -1, -1);
+	return 0;
+}
+
+// ----------------------------------------------------------------------------
 // Process lifecycle.
 
 SEC("tp_btf/sched_process_fork")
@@ -672,7 +912,7 @@ int BPF_PROG(on_fork, struct task_struct *parent, struct task_struct *child)
 	__u32 ctgid = BPF_CORE_READ(child, tgid);
 	if (ptgid == ctgid) // a new thread shares the process's fd table
 		return 0;
-	if (!bpf_map_lookup_elem(&holders, &ptgid))
+	if (!is_holder(ptgid))
 		return 0;
 	// The child inherited the parent's fds; user space reads which from /proc.
 	mark_holder(ctgid);
@@ -686,7 +926,7 @@ int BPF_PROG(on_exec, struct task_struct *p)
 	if (!monitoring)
 		return 0;
 	__u32 tgid = BPF_CORE_READ(p, tgid);
-	if (!bpf_map_lookup_elem(&holders, &tgid))
+	if (!is_holder(tgid))
 		return 0;
 	// O_CLOEXEC fds are already closed here.
 	emit(EV_EXEC, BPF_CORE_READ(p, pid), tgid, 0, -1, -1);
@@ -699,12 +939,14 @@ int BPF_PROG(on_exit, struct task_struct *p)
 	if (pending_marks)
 		consume_mark((__u64)p);
 	__u32 tgid = BPF_CORE_READ(p, tgid);
-	if (!bpf_map_lookup_elem(&holders, &tgid))
+	if (!is_holder(tgid))
 		return 0;
 	// Only the last thread of the process closes its files.
 	if (BPF_CORE_READ(p, signal, live.counter) != 0)
 		return 0;
-	bpf_map_delete_elem(&holders, &tgid);
+	__u8 *held = holder_byte(tgid);
+	if (held)
+		*held = 0;
 	if (!monitoring)
 		return 0;
 	emit(EV_EXIT, BPF_CORE_READ(p, pid), tgid, 0, -1, -1);
@@ -736,12 +978,26 @@ int BPF_PROG(on_cgroup_mkdir, struct cgroup *cgrp, const char *path)
 	__builtin_memset(&key, 0, sizeof(key));
 	if (!cgroup_v2_leaf(cgrp, &key))
 		return 0;
-	__u32 *prio = bpf_map_lookup_elem(&expect_cgroup, &key);
-	if (!prio)
+	struct cgroup_expect *e = bpf_map_lookup_elem(&expect_cgroup, &key);
+	if (!e)
+		return 0;
+	// Only root makes a runtime's cgroups (runc, systemd, kubelet); the
+	// uid is the init namespace's, so a container's root in a user
+	// namespace is not root here.
+	if ((__u32)bpf_get_current_uid_gid() != 0)
+		return 0;
+	// The parent through the css, not kernfs_node.parent (renamed
+	// __parent in 6.15): the same fields on every kernel since 5.10.
+	__u64 parent = BPF_CORE_READ(cgrp, self.parent, cgroup, kn, id);
+	int in_place = 0;
+	for (int i = 0; i < EXPECT_PARENTS; i++)
+		if (parent && e->parents[i] == parent)
+			in_place = 1;
+	if (!in_place)
 		return 0;
 	// The id the gate's ancestor walk reads (kernfs node id).
 	__u64 id = BPF_CORE_READ(cgrp, kn, id);
-	__u32 p = *prio;
+	__u32 p = e->prio;
 	bpf_map_update_elem(&cgroup_prio, &id, &p, BPF_ANY);
 	return 0;
 }

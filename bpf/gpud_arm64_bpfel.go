@@ -13,6 +13,13 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type gpudCgroupExpect struct {
+	_       structs.HostLayout
+	Prio    uint32
+	Pad     uint32
+	Parents [4]uint64
+}
+
 type gpudCgroupName struct {
 	_    structs.HostLayout
 	Name [128]int8
@@ -53,6 +60,11 @@ type gpudGpuSet struct {
 	Bits [4]uint64
 }
 
+type gpudHolderSlot struct {
+	_    structs.HostLayout
+	Tgid [4096]uint8
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -65,9 +77,9 @@ const (
 	gpudMapGpuDevs          = "gpu_devs"
 	gpudMapGpuHighMark      = "gpu_high_mark"
 	gpudMapGpuPolicy        = "gpu_policy"
-	gpudMapHolders          = "holders"
+	gpudMapHolderTgids      = "holder_tgids"
 	gpudMapPending          = "pending"
-	gpudMapRecvMsgs         = "recv_msgs"
+	gpudMapScmSocks         = "scm_socks"
 	gpudMapShareFence       = "share_fence"
 	gpudProgGpudGate        = "gpud_gate"
 	gpudProgOnCgroupMkdir   = "on_cgroup_mkdir"
@@ -77,6 +89,9 @@ const (
 	gpudProgOnExit          = "on_exit"
 	gpudProgOnFork          = "on_fork"
 	gpudProgOnReceiveFd     = "on_receive_fd"
+	gpudProgOnSkDataReady   = "on_sk_data_ready"
+	gpudProgOnSockRecv      = "on_sock_recv"
+	gpudProgOnSockSend      = "on_sock_send"
 	gpudProgOnSysEnter      = "on_sys_enter"
 	gpudProgOnSysExit       = "on_sys_exit"
 	gpudVarCheckOpens       = "check_opens"
@@ -87,10 +102,12 @@ const (
 	gpudVarFailOpenAfterNs  = "fail_open_after_ns"
 	gpudVarHeartbeatNs      = "heartbeat_ns"
 	gpudVarMonitoring       = "monitoring"
+	gpudVarPendingFull      = "pending_full"
 	gpudVarPendingMarks     = "pending_marks"
 	gpudVarReportOpens      = "report_opens"
-	gpudVarScmArmedUntil    = "scm_armed_until"
+	gpudVarScmSocksUsed     = "scm_socks_used"
 	gpudVarShareFences      = "share_fences"
+	gpudVarSockHooks        = "sock_hooks"
 	gpudVarUnusedEvent      = "unused_event"
 )
 
@@ -144,6 +161,9 @@ type gpudProgramSpecs struct {
 	OnExit          *ebpf.ProgramSpec `ebpf:"on_exit"`
 	OnFork          *ebpf.ProgramSpec `ebpf:"on_fork"`
 	OnReceiveFd     *ebpf.ProgramSpec `ebpf:"on_receive_fd"`
+	OnSkDataReady   *ebpf.ProgramSpec `ebpf:"on_sk_data_ready"`
+	OnSockRecv      *ebpf.ProgramSpec `ebpf:"on_sock_recv"`
+	OnSockSend      *ebpf.ProgramSpec `ebpf:"on_sock_send"`
 	OnSysEnter      *ebpf.ProgramSpec `ebpf:"on_sys_enter"`
 	OnSysExit       *ebpf.ProgramSpec `ebpf:"on_sys_exit"`
 }
@@ -160,9 +180,9 @@ type gpudMapSpecs struct {
 	GpuDevs      *ebpf.MapSpec `ebpf:"gpu_devs"`
 	GpuHighMark  *ebpf.MapSpec `ebpf:"gpu_high_mark"`
 	GpuPolicy    *ebpf.MapSpec `ebpf:"gpu_policy"`
-	Holders      *ebpf.MapSpec `ebpf:"holders"`
+	HolderTgids  *ebpf.MapSpec `ebpf:"holder_tgids"`
 	Pending      *ebpf.MapSpec `ebpf:"pending"`
-	RecvMsgs     *ebpf.MapSpec `ebpf:"recv_msgs"`
+	ScmSocks     *ebpf.MapSpec `ebpf:"scm_socks"`
 	ShareFence   *ebpf.MapSpec `ebpf:"share_fence"`
 }
 
@@ -178,10 +198,12 @@ type gpudVariableSpecs struct {
 	FailOpenAfterNs *ebpf.VariableSpec `ebpf:"fail_open_after_ns"`
 	HeartbeatNs     *ebpf.VariableSpec `ebpf:"heartbeat_ns"`
 	Monitoring      *ebpf.VariableSpec `ebpf:"monitoring"`
+	PendingFull     *ebpf.VariableSpec `ebpf:"pending_full"`
 	PendingMarks    *ebpf.VariableSpec `ebpf:"pending_marks"`
 	ReportOpens     *ebpf.VariableSpec `ebpf:"report_opens"`
-	ScmArmedUntil   *ebpf.VariableSpec `ebpf:"scm_armed_until"`
+	ScmSocksUsed    *ebpf.VariableSpec `ebpf:"scm_socks_used"`
 	ShareFences     *ebpf.VariableSpec `ebpf:"share_fences"`
+	SockHooks       *ebpf.VariableSpec `ebpf:"sock_hooks"`
 	UnusedEvent     *ebpf.VariableSpec `ebpf:"unused_event"`
 }
 
@@ -213,9 +235,9 @@ type gpudMaps struct {
 	GpuDevs      *ebpf.Map `ebpf:"gpu_devs"`
 	GpuHighMark  *ebpf.Map `ebpf:"gpu_high_mark"`
 	GpuPolicy    *ebpf.Map `ebpf:"gpu_policy"`
-	Holders      *ebpf.Map `ebpf:"holders"`
+	HolderTgids  *ebpf.Map `ebpf:"holder_tgids"`
 	Pending      *ebpf.Map `ebpf:"pending"`
-	RecvMsgs     *ebpf.Map `ebpf:"recv_msgs"`
+	ScmSocks     *ebpf.Map `ebpf:"scm_socks"`
 	ShareFence   *ebpf.Map `ebpf:"share_fence"`
 }
 
@@ -229,9 +251,9 @@ func (m *gpudMaps) Close() error {
 		m.GpuDevs,
 		m.GpuHighMark,
 		m.GpuPolicy,
-		m.Holders,
+		m.HolderTgids,
 		m.Pending,
-		m.RecvMsgs,
+		m.ScmSocks,
 		m.ShareFence,
 	)
 }
@@ -248,10 +270,12 @@ type gpudVariables struct {
 	FailOpenAfterNs *ebpf.Variable `ebpf:"fail_open_after_ns"`
 	HeartbeatNs     *ebpf.Variable `ebpf:"heartbeat_ns"`
 	Monitoring      *ebpf.Variable `ebpf:"monitoring"`
+	PendingFull     *ebpf.Variable `ebpf:"pending_full"`
 	PendingMarks    *ebpf.Variable `ebpf:"pending_marks"`
 	ReportOpens     *ebpf.Variable `ebpf:"report_opens"`
-	ScmArmedUntil   *ebpf.Variable `ebpf:"scm_armed_until"`
+	ScmSocksUsed    *ebpf.Variable `ebpf:"scm_socks_used"`
 	ShareFences     *ebpf.Variable `ebpf:"share_fences"`
+	SockHooks       *ebpf.Variable `ebpf:"sock_hooks"`
 	UnusedEvent     *ebpf.Variable `ebpf:"unused_event"`
 }
 
@@ -267,6 +291,9 @@ type gpudPrograms struct {
 	OnExit          *ebpf.Program `ebpf:"on_exit"`
 	OnFork          *ebpf.Program `ebpf:"on_fork"`
 	OnReceiveFd     *ebpf.Program `ebpf:"on_receive_fd"`
+	OnSkDataReady   *ebpf.Program `ebpf:"on_sk_data_ready"`
+	OnSockRecv      *ebpf.Program `ebpf:"on_sock_recv"`
+	OnSockSend      *ebpf.Program `ebpf:"on_sock_send"`
 	OnSysEnter      *ebpf.Program `ebpf:"on_sys_enter"`
 	OnSysExit       *ebpf.Program `ebpf:"on_sys_exit"`
 }
@@ -281,6 +308,9 @@ func (p *gpudPrograms) Close() error {
 		p.OnExit,
 		p.OnFork,
 		p.OnReceiveFd,
+		p.OnSkDataReady,
+		p.OnSockRecv,
+		p.OnSockSend,
 		p.OnSysEnter,
 		p.OnSysExit,
 	)

@@ -108,8 +108,13 @@ type Monitor struct {
 	// mkdirErr is why the cgroup-creation programs are not attached (nil
 	// when they are).
 	mkdirErr error
-	links    []link.Link // observers
-	rd       *ringbuf.Reader
+	// sockHooks are the sock tracepoints attached to report fds passed by
+	// SCM_RIGHTS (none where the receive_fd kprobe does it); sockErr is
+	// why they are not, where they were wanted.
+	sockHooks []string
+	sockErr   error
+	links     []link.Link // observers
+	rd        *ringbuf.Reader
 
 	gate     link.Link // the cgroup/dev link (pinned under pinDir when set)
 	pinDir   string
@@ -125,6 +130,10 @@ type Monitor struct {
 // refuseGate, when set (by tests), is taken for the kernel's refusal of
 // the gate: the gate-less path runs on a kernel that has everything.
 var refuseGate error
+
+// refuseSock, when set (by tests), is taken for a kernel without the sock
+// tracepoints (before 6.3): the fallbacks run on a kernel that has them.
+var refuseSock error
 
 // Load loads gpud's programs into the kernel and attaches them: the
 // cgroup/dev gate at opts.CgroupRoot, the fork/exec/exit tracepoints and,
@@ -182,7 +191,84 @@ func Load(opts Options) (*Monitor, error) {
 		m.drvErr = m.loadDriver(spec)
 		m.AttachDriver()
 	}
+	// Passed fds: the receive_fd kprobe sees every route (SCM_RIGHTS,
+	// pidfd_getfd, seccomp addfd); without it, the sock tracepoints see
+	// SCM_RIGHTS, io_uring's receives included, at no cost to other
+	// syscalls (sys_exit sees recvmsg and recvmmsg, but not io_uring).
+	if !m.receiveHooked() {
+		m.sockErr = m.attachSock(spec)
+	}
 	return m, nil
+}
+
+// sockSenders are the tracepoints that see a holder queue fds on a unix
+// socket, best first: sk_data_ready runs before the receiver is
+// woken; sock_send_length (6.3+) after the send, for connected sockets.
+var sockSenders = []struct{ prog, tp string }{
+	{"on_sk_data_ready", "tp_btf/sk_data_ready"},
+	{"on_sock_send", "tp_btf/sock_send_length"},
+}
+
+// attachSock loads and attaches the sock tracepoints that report fds
+// passed by SCM_RIGHTS: a sender and the receive. Each is loaded apart, and
+// a kernel without them (before 6.3) keeps everything else.
+func (m *Monitor) attachSock(spec *ebpf.CollectionSpec) error {
+	if refuseSock != nil {
+		return fmt.Errorf("bpf: the sock tracepoints: %w", refuseSock)
+	}
+	var errs []error
+	var sender link.Link
+	var senderTP string
+	for _, s := range sockSenders {
+		l, err := m.attachTracing(spec, s.prog)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		sender, senderTP = l, s.tp
+		break
+	}
+	if sender == nil {
+		return fmt.Errorf("bpf: the sock tracepoints: %w", errors.Join(errs...))
+	}
+	recv, err := m.attachTracing(spec, "on_sock_recv")
+	if err != nil {
+		sender.Close()
+		return fmt.Errorf("bpf: the sock tracepoints: %w", err)
+	}
+	// sys_exit (--hooks syscalls) leaves received fds to them from now on.
+	if err := m.objs.SockHooks.Set(uint32(1)); err != nil {
+		sender.Close()
+		recv.Close()
+		return fmt.Errorf("bpf: turning the sock tracepoints on: %w", err)
+	}
+	m.links = append(m.links, sender, recv)
+	m.sockHooks = []string{senderTP, "tp_btf/sock_recv_length"}
+	return nil
+}
+
+// attachTracing loads the tp_btf program prog apart and attaches it.
+func (m *Monitor) attachTracing(spec *ebpf.CollectionSpec, prog string) (link.Link, error) {
+	if err := m.loadApart(spec, prog); err != nil {
+		return nil, err
+	}
+	l, err := link.AttachTracing(link.TracingOptions{Program: m.progs[prog]})
+	if err != nil {
+		return nil, fmt.Errorf("attaching %s: %w", prog, err)
+	}
+	return l, nil
+}
+
+// receiveHooked reports whether a receive_fd kprobe is attached.
+func (m *Monitor) receiveHooked() bool {
+	m.hmu.Lock()
+	defer m.hmu.Unlock()
+	for _, sym := range m.symbols.Receive {
+		if m.probes[RoleReceive+":"+sym] != nil {
+			return true
+		}
+	}
+	return false
 }
 
 // loadCore creates the maps and the global variables.
@@ -347,8 +433,21 @@ func (m *Monitor) dropUnloadedLocked() bool {
 // off), so the driver's release and receive_fd cannot be hooked.
 var ErrNoKprobes = errors.New("the kernel has no kprobes (no kprobe PMU in /sys/bus/event_source/devices)")
 
+// How soon a GPU fd passed into a process by SCM_RIGHTS is seen
+// (HookStatus.PassedFDs): at receipt, by which hook, or only at gpud's
+// periodic /proc sweep (the daemon says its interval).
+const (
+	PassedByKprobe   = "receive_fd kprobe: at receipt"
+	PassedBySock     = "sock tracepoints: at receipt"
+	PassedBySyscalls = "syscall tracepoints: at receipt (recvmsg, recvmmsg; io_uring's receives at the sweep)"
+	PassedBySweep    = "sweep only"
+)
+
 // HookStatus says how GPU file descriptors are observed.
 type HookStatus struct {
+	// PassedFDs is the bound that holds for a GPU fd passed by
+	// SCM_RIGHTS: one of the Passed* constants.
+	PassedFDs string
 	// Mode is HooksDriver or HooksSyscalls.
 	Mode string
 	// Attached are the hooks running, as "role:symbol" for kprobes
@@ -375,6 +474,20 @@ type HookStatus struct {
 // Hooks reports the observation mode and what is attached.
 func (m *Monitor) Hooks() (st HookStatus) {
 	st = HookStatus{Mode: m.hooks, Err: m.drvErr, Gate: m.gateErr, Complete: true}
+	switch {
+	case m.hooks == HooksDriver && m.receiveHooked():
+		st.PassedFDs = PassedByKprobe
+	case len(m.sockHooks) > 0:
+		st.PassedFDs = PassedBySock
+	case m.hooks == HooksSyscalls:
+		st.PassedFDs = PassedBySyscalls
+	default:
+		st.PassedFDs = PassedBySweep
+	}
+	st.Attached = append(st.Attached, m.sockHooks...)
+	if m.sockErr != nil {
+		st.Missing = append(st.Missing, "passed fds ("+m.sockErr.Error()+")")
+	}
 	var life []string
 	for _, l := range lifecycle {
 		if err := m.lifeErr[l.prog]; err != nil {
@@ -760,7 +873,13 @@ func (m *Monitor) Heartbeat() error {
 // /proc rather than by an event (its closes, forks, execs and exit are
 // filtered by this map). The entry goes when the process exits.
 func (m *Monitor) WatchProcess(tgid uint32) error {
-	if err := m.objs.Holders.Put(tgid, uint32(1)); err != nil {
+	mem, err := m.holderMemory()
+	if err != nil {
+		return fmt.Errorf("bpf: watching process %d: %w", tgid, err)
+	}
+	// The process's own byte: a plain store, as the kernel's (the map
+	// covers every tgid, so this fails only past PID_MAX_LIMIT).
+	if _, err := mem.WriteAt([]byte{1}, int64(tgid)); err != nil {
 		return fmt.Errorf("bpf: watching process %d: %w", tgid, err)
 	}
 	return nil
@@ -770,10 +889,14 @@ func (m *Monitor) WatchProcess(tgid uint32) error {
 const (
 	PrioHigh uint32 = 1
 	PrioLow  uint32 = 2
+	// PrioWorkload: a workload of no enforced class (unmanaged or
+	// unclassified). The rule table ignores it; a shared GPU refuses it
+	// unless its share fence lets it in.
+	PrioWorkload uint32 = 3
 )
 
 // SetCgroupPriority classifies a cgroup v2 id (a container's, or a pod's:
-// the gate walks ancestors) as PrioHigh or PrioLow.
+// the gate walks ancestors) as PrioHigh, PrioLow or PrioWorkload.
 func (m *Monitor) SetCgroupPriority(cgroupID uint64, prio uint32) error {
 	if err := m.objs.CgroupPrio.Put(cgroupID, prio); err != nil {
 		return fmt.Errorf("bpf: classifying cgroup %d: %w", cgroupID, err)
@@ -848,23 +971,34 @@ func cgroupKey(name string) (gpudCgroupName, error) {
 	return k, nil
 }
 
+// ExpectParents is how many parents ExpectCgroup takes for one name.
+const ExpectParents = len(gpudCgroupExpect{}.Parents)
+
 // ExpectCgroup gives the cgroup v2 cgroups that will be created with this
-// leaf name the class prio (PrioHigh or PrioLow) the moment they are made,
+// leaf name the class prio (PrioHigh, PrioLow or PrioWorkload) the moment they are made,
 // before a process runs in them: the gate then decides their first open.
+// Only a cgroup made by root directly in one of parents (cgroup ids: the
+// runtime's parent cgroups, 1 to ExpectParents of them) is classified: the
+// name made anywhere else, or by another user, is a look-alike.
 // It stays until UnexpectCgroup (a container's cgroup is made again at each
 // start). ErrNoMkdirHook when cgroup creation is not observed.
-func (m *Monitor) ExpectCgroup(name string, prio uint32) error {
+func (m *Monitor) ExpectCgroup(name string, prio uint32, parents []uint64) error {
 	if m.mkdirErr != nil {
 		return fmt.Errorf("%w: %w", ErrNoMkdirHook, m.mkdirErr)
 	}
-	if prio != PrioHigh && prio != PrioLow {
-		return fmt.Errorf("bpf: expecting cgroup %q: class %d is neither high nor low", name, prio)
+	if prio != PrioHigh && prio != PrioLow && prio != PrioWorkload {
+		return fmt.Errorf("bpf: expecting cgroup %q: class %d is not high, low or workload", name, prio)
 	}
 	k, err := cgroupKey(name)
 	if err != nil {
 		return err
 	}
-	if err := m.objs.ExpectCgroup.Put(k, prio); err != nil {
+	v := gpudCgroupExpect{Prio: prio}
+	if len(parents) == 0 || len(parents) > len(v.Parents) || slices.Contains(parents, 0) {
+		return fmt.Errorf("bpf: expecting cgroup %q: parents %v, want 1 to %d non-zero ids", name, parents, len(v.Parents))
+	}
+	copy(v.Parents[:], parents)
+	if err := m.objs.ExpectCgroup.Put(k, v); err != nil {
 		return fmt.Errorf("bpf: expecting cgroup %q: %w", name, err)
 	}
 	return nil

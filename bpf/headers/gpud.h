@@ -18,6 +18,7 @@ typedef __u32 dev_t;
 
 #define S_IFMT 00170000
 #define S_IFCHR 0020000
+#define S_IFSOCK 0140000
 
 typedef struct {
 	int counter;
@@ -30,6 +31,35 @@ struct inode {
 
 struct file {
 	struct inode *f_inode;
+	void *private_data;
+} __attribute__((preserve_access_index));
+
+/* Passed descriptors (SCM_RIGHTS): an AF_UNIX socket, its peer, its
+ * receive queue's length and the fds queued on it (scm_stat, 5.7+). */
+struct sock_common {
+	unsigned short skc_family;
+} __attribute__((preserve_access_index));
+
+struct sk_buff_head {
+	__u32 qlen;
+} __attribute__((preserve_access_index));
+
+struct sock {
+	struct sock_common __sk_common;
+	struct sk_buff_head sk_receive_queue;
+} __attribute__((preserve_access_index));
+
+struct scm_stat {
+	atomic_t nr_fds;
+} __attribute__((preserve_access_index));
+
+struct unix_sock {
+	struct sock *peer;
+	struct scm_stat scm_stat;
+} __attribute__((preserve_access_index));
+
+struct socket {
+	struct sock *sk;
 } __attribute__((preserve_access_index));
 
 struct fdtable {
@@ -63,7 +93,17 @@ struct cgroup_root {
 	int hierarchy_id;
 } __attribute__((preserve_access_index));
 
+/* A cgroup's parent is read through its own css (cgroup->self.parent),
+ * which every kernel since 5.10 has; kernfs_node.parent became __parent in
+ * 6.15. */
+struct cgroup;
+struct cgroup_subsys_state {
+	struct cgroup *cgroup;
+	struct cgroup_subsys_state *parent;
+} __attribute__((preserve_access_index));
+
 struct cgroup {
+	struct cgroup_subsys_state self;
 	struct kernfs_node *kn;
 	struct cgroup_root *root;
 } __attribute__((preserve_access_index));
@@ -97,6 +137,8 @@ struct pt_regs {
 #define NR_close_range 436
 #define NR_openat2 437
 #define NR_pidfd_getfd 438
+#define NR_recvmmsg 299
+#define NR_sendmmsg 307
 #elif defined(__TARGET_ARCH_arm64)
 struct pt_regs {
 	unsigned long regs[31];
@@ -118,13 +160,20 @@ struct pt_regs {
 #define NR_close_range 436
 #define NR_openat2 437
 #define NR_pidfd_getfd 438
+#define NR_recvmmsg 243
+#define NR_sendmmsg 269
 #else
 #error "unsupported architecture"
 #endif
 
-/* offsetof(struct user_msghdr, msg_controllen) on 64-bit */
+/* offsetof(struct user_msghdr, msg_control / msg_controllen) and
+ * sizeof(struct mmsghdr), on 64-bit */
+#define USER_MSGHDR_CONTROL_OFF 32
 #define USER_MSGHDR_CONTROLLEN_OFF 40
-#define SCM_WINDOW_NS (10ULL * 1000 * 1000 * 1000)
+#define MMSGHDR_SIZE 64
+#define AF_UNIX 1
+#define SOL_SOCKET 1
+#define SCM_RIGHTS 1
 
 enum event_type {
 	EV_OPEN = 1,   /* a GPU fd appeared in a process (open, dup, pidfd_getfd) */
@@ -148,6 +197,10 @@ enum prio {
 	PRIO_NONE = 0, /* unknown cgroup: allowed, never blocks anyone */
 	PRIO_HIGH = 1,
 	PRIO_LOW = 2,
+	/* a workload gpud knows whose class the table does not enforce
+	 * (unmanaged or unclassified): the table ignores it, but it is no
+	 * claimant, agent or host process, so a shared GPU refuses it */
+	PRIO_WORKLOAD = 3,
 };
 
 /* What user space tells the gate about one GPU (gpu_policy). */
