@@ -3,6 +3,7 @@ package cgroups
 import (
 	"errors"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -110,9 +111,10 @@ func FuzzParse(f *testing.F) {
 	})
 }
 
-// FuzzContainerFromPath: a bare 64-hex element is Docker's only when the
-// element right above it is "docker" (the cgroupfs driver's /docker/<id>),
-// whatever comes below it.
+// FuzzContainerFromPath: a container is named only at a runtime's place,
+// read from the root: /docker/<id>, /system.slice/docker-<id>.scope, or the
+// element right below a pod's cgroup at kubelet's place; whatever comes
+// below it is that container's.
 func FuzzContainerFromPath(f *testing.F) {
 	f.Add("/docker/" + id)
 	f.Add("/docker/" + id + "/sub")
@@ -120,6 +122,7 @@ func FuzzContainerFromPath(f *testing.F) {
 	f.Add("/kubepods/besteffort/pod15eb05479cc0a401db8494898de6d2f9/" + id)
 	f.Add("/system.slice/docker-" + id + ".scope")
 	f.Add("/system.slice/cri-containerd-" + id + ".scope/" + id)
+	f.Add("/user.slice/user-1000.slice/user@1000.service/docker-" + id + ".scope")
 	f.Add("")
 	f.Add("/")
 	f.Fuzz(func(t *testing.T, p string) {
@@ -133,28 +136,26 @@ func FuzzContainerFromPath(f *testing.F) {
 		if !hexID.MatchString(cid) {
 			t.Fatalf("container id %q", cid)
 		}
-		els := strings.Split(p, "/")
-		// The deepest element naming a container is the one returned.
-		for i := len(els) - 1; i >= 0; i-- {
-			el := els[i]
-			if scopeRe.MatchString(el) {
-				if !strings.Contains(el, cid) || rt == "" {
-					t.Fatalf("%q: deepest element %q, got %q (%q)", p, el, cid, rt)
-				}
-				return
+		els := strings.Split(strings.TrimPrefix(p, "/"), "/")
+		switch {
+		case len(els) >= 2 && els[0] == "docker" && els[1] == cid:
+		case len(els) >= 2 && els[0] == "system.slice" && els[1] == "docker-"+cid+".scope":
+		default:
+			pod := PodFromPath(p)
+			if pod == "" {
+				t.Fatalf("%q: container %q outside a runtime's place", p, cid)
 			}
-			if el == cid {
-				want := ""
-				if i > 0 && els[i-1] == "docker" {
-					want = "docker"
-				}
-				if rt != want {
-					t.Fatalf("%q: bare id under %q: runtime %q, want %q", p, els[max(i-1, 0)], rt, want)
-				}
-				return
+			// Directly below the pod's element.
+			i := slices.IndexFunc(els, func(el string) bool {
+				return el == "pod"+pod || strings.Contains(el, "-pod"+strings.ReplaceAll(pod, "-", "_")+".slice")
+			})
+			if i < 0 || i+1 >= len(els) || !strings.Contains(els[i+1], cid) || i > 2 {
+				t.Fatalf("%q: container %q not right below pod %q", p, cid, pod)
 			}
 		}
-		t.Fatalf("%q: returned %q, not an element", p, cid)
+		if rt != "docker" && rt != "" && rt != "containerd" && rt != "crio" {
+			t.Fatalf("runtime %q", rt)
+		}
 	})
 }
 

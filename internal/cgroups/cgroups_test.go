@@ -2,6 +2,8 @@ package cgroups
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -58,10 +60,94 @@ func TestParse(t *testing.T) {
 				t.Fatal(err)
 			}
 			want := Info{V2Path: tc.v2, ContainerID: tc.cid, Runtime: tc.rt, PodUID: tc.pod}
+			info.PodDir, info.ContainerDir = "", "" // TestParseTrusted
 			if info != want {
 				t.Errorf("Parse = %+v, want %+v", info, want)
 			}
 		})
+	}
+}
+
+// A container's or pod's name counts only where its runtime puts it, read
+// from the root: the same leaf anywhere else (a delegated subtree's owner
+// makes any name there) is a look-alike and names no workload, and
+// anything below a workload's own cgroup is that workload's.
+func TestParseTrusted(t *testing.T) {
+	const pod = "1a2b3c4d-0000-1111-2222-333344445555"
+	podU := strings.ReplaceAll(pod, "-", "_")
+	other := strings.Repeat("e", 64)
+	for _, tc := range []struct {
+		name, path     string
+		cid, rt, pod   string
+		ctrDir, podDir string
+		lookalike      bool
+	}{
+		{"docker systemd", "/system.slice/docker-" + id + ".scope", id, "docker", "", "/system.slice/docker-" + id + ".scope", "", false},
+		{"docker cgroupfs", "/docker/" + id, id, "docker", "", "/docker/" + id, "", false},
+		{"docker nested below its own", "/docker/" + id + "/docker-" + other + ".scope", id, "docker", "", "/docker/" + id, "", false},
+		{"user subtree, scope name", "/user.slice/user-65534.slice/user@65534.service/docker-" + id + ".scope", "", "", "", "", "", true},
+		{"user subtree, bare id", "/user.slice/user-65534.slice/user@65534.service/app.slice/" + id, "", "", "", "", "", true},
+		{"docker name under another slice", "/machine.slice/docker-" + id + ".scope", "", "", "", "", "", true},
+		{"docker below a made-up docker dir", "/x/docker/" + id, "", "", "", "", "", true},
+		{"containerd scope outside a pod", "/system.slice/cri-containerd-" + id + ".scope", "", "", "", "", "", true},
+		{"bare id at the root", "/" + id, "", "", "", "", "", true},
+		{"pod cgroupfs guaranteed", "/kubepods/pod" + pod + "/" + id, id, "", pod, "/kubepods/pod" + pod + "/" + id, "/kubepods/pod" + pod, false},
+		{"pod cgroupfs, deeper", "/kubepods/besteffort/pod" + pod + "/" + id + "/docker-" + other + ".scope", id, "", pod, "/kubepods/besteffort/pod" + pod + "/" + id, "/kubepods/besteffort/pod" + pod, false},
+		{"pod systemd, container below", "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod" + podU + ".slice/crio-" + id + ".scope", id, "crio", pod,
+			"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod" + podU + ".slice/crio-" + id + ".scope", "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod" + podU + ".slice", false},
+		{"pod's own cgroup", "/kubepods/burstable/pod" + pod, "", "", pod, "", "/kubepods/burstable/pod" + pod, false},
+		{"container two below a pod", "/kubepods/pod" + pod + "/x/" + id, "", "", pod, "", "/kubepods/pod" + pod, false},
+		{"pod dir under a user subtree", "/user.slice/kubepods/pod" + pod + "/" + id, "", "", "", "", "", true},
+		{"pod slice, wrong qos parent", "/kubepods.slice/kubepods-besteffort.slice/kubepods-burstable-pod" + podU + ".slice", "", "", "", "", "", true},
+		{"pod slice at the root", "/kubepods-pod" + podU + ".slice", "", "", "", "", "", true},
+		{"pod dir, unknown qos dir", "/kubepods/weird/pod" + pod, "", "", "", "", "", true},
+		{"host", "/user.slice/user-0.slice/session-1.scope", "", "", "", "", "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			info, err := Parse("0::" + tc.path + "\n")
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := Info{V2Path: tc.path, ContainerID: tc.cid, Runtime: tc.rt, PodUID: tc.pod,
+				ContainerDir: tc.ctrDir, PodDir: tc.podDir, Lookalike: tc.lookalike}
+			if info != want {
+				t.Errorf("Parse = %+v,\nwant %+v", info, want)
+			}
+		})
+	}
+	// Ids read from a v1 line name no v2 cgroup to check for its owner.
+	info, err := Parse("4:memory:/docker/" + id + "\n0::/\n")
+	if err != nil || info.ContainerID != id || info.ContainerDir != "" {
+		t.Errorf("v1 docker: %+v %v", info, err)
+	}
+}
+
+// Owned keeps ids only where the naming cgroups are root's (gpud's own
+// uid: whoever runs the test); another user's (only root can make one
+// here) or a gone cgroup names no workload.
+func TestOwned(t *testing.T) {
+	root := t.TempDir()
+	dir := filepath.Join(root, "docker", id)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	info, err := Parse("0::/docker/" + id + "/sub\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := Owned(root, info); got != info {
+		t.Errorf("own cgroup: Owned = %+v, want %+v", got, info)
+	}
+	if os.Geteuid() == 0 {
+		if err := os.Chown(dir, 65534, 65534); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := Owned(root, info), (Info{V2Path: info.V2Path, Lookalike: true}); got != want {
+			t.Errorf("a cgroup not root's: Owned = %+v, want %+v", got, want)
+		}
+	}
+	if want := (Info{V2Path: info.V2Path, Lookalike: true}); Owned(t.TempDir(), info) != want {
+		t.Errorf("a cgroup gone: Owned kept the ids")
 	}
 }
 

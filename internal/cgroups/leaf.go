@@ -30,3 +30,33 @@ func PodLeafNames(uid, qos string) []string {
 	}
 	return out
 }
+
+// ExpectedParents returns where, under the cgroup v2 root, a runtime makes
+// a cgroup of this leaf name (DockerLeafNames, PodLeafNames): the cgroup
+// is that workload's only when made there (fromPath's places, the default
+// ones first, then the trusted parents'). nil for a name that is no
+// workload's.
+func ExpectedParents(leaf string) []string {
+	return append(defaultExpectedParents(leaf), extraExpectedParents(leaf)...)
+}
+
+// defaultExpectedParents: ExpectedParents in the default places alone.
+func defaultExpectedParents(leaf string) []string {
+	if m := scopeRe.FindStringSubmatch(leaf); m != nil && m[1] == "docker" {
+		return []string{"system.slice"}
+	}
+	if bareIDRe.MatchString(leaf) {
+		return []string{"docker"}
+	}
+	if podDirRe.MatchString(leaf) {
+		// The QoS class may be unknown yet: any of kubelet's three.
+		return []string{"kubepods", "kubepods/burstable", "kubepods/besteffort"}
+	}
+	if m := podSliceRe.FindStringSubmatch(leaf); m != nil {
+		if m[1] == "" {
+			return []string{"kubepods.slice"}
+		}
+		return []string{"kubepods.slice/kubepods-" + m[1] + ".slice"}
+	}
+	return nil
+}

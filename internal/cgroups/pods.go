@@ -6,7 +6,8 @@ import (
 )
 
 // PodPaths returns where kubelet puts a pod's cgroup, under the cgroup
-// v2 root, for the cgroupfs and the systemd drivers; qos is the pod's
+// v2 root, for the cgroupfs and the systemd drivers, in kubelet's default
+// tree and in the trusted parents (SetParents); qos is the pod's
 // status.qosClass ("" while unknown: every class is tried).
 func PodPaths(uid, qos string) []string {
 	if !ValidPodUID(uid) {
@@ -23,13 +24,15 @@ func PodPaths(uid, qos string) []string {
 			filepath.Join("kubepods.slice", "kubepods-"+q+".slice", "kubepods-"+q+"-pod"+strings.ReplaceAll(uid, "-", "_")+".slice"))
 	default: // Guaranteed, or not yet known
 		out = append(out, filepath.Join("kubepods", "pod"+under), filepath.Join("kubepods.slice", systemd))
+		out = append(out, extraPodPaths(uid, qos)...)
 		if qos == "" {
 			for _, c := range []string{"Burstable", "BestEffort"} {
 				out = append(out, PodPaths(uid, c)...)
 			}
 		}
+		return out
 	}
-	return out
+	return append(out, extraPodPaths(uid, qos)...)
 }
 
 // PodID returns the cgroup v2 id of a pod's cgroup, 0 while it does not exist.

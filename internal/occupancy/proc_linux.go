@@ -29,6 +29,14 @@ type ProcFS struct {
 	CgroupRoot string // cgroup v2 mount, to turn a v2 path into a cgroup id
 	Devs       DevIndex
 	Self       int // gpud's own pid: its NVML opens are not holders
+	// Lookalikes hears of processes in cgroups named like a workload's
+	// that no runtime made (cgroups.Info.Lookalike); nil: not counted.
+	Lookalikes *cgroups.Lookalikes
+	// Containers names the container whose cgroup, as its runtime reported
+	// it, holds a v2 path (workload.Registry.ContainerAt): a Docker
+	// --cgroup-parent container is believed by its runtime's word where
+	// the path's place names none. nil: by place alone.
+	Containers func(v2Path string) (id, dir string, ok bool)
 }
 
 // GPUFDs returns pid's GPU fds by GPU index, from the fd tables of all
@@ -370,6 +378,18 @@ func (p *ProcFS) Info(pid int) (ProcInfo, error) {
 	ci, err := cgroups.Parse(string(cg))
 	if err != nil {
 		return info, err
+	}
+	if ci.ContainerID == "" && ci.PodUID == "" && ci.V2Path != "" && p.Containers != nil {
+		if id, dir, ok := p.Containers(ci.V2Path); ok {
+			ci.ContainerID, ci.Runtime, ci.ContainerDir, ci.Lookalike = id, "docker", dir, false
+		}
+	}
+	if p.CgroupRoot != "" {
+		// An id is believed only where root made the cgroup naming it.
+		ci = cgroups.Owned(p.CgroupRoot, ci)
+	}
+	if ci.Lookalike {
+		p.Lookalikes.Saw(ci.V2Path, pid)
 	}
 	info.ContainerID, info.PodUID = ci.ContainerID, ci.PodUID
 	if p.CgroupRoot != "" && ci.V2Path != "" {

@@ -190,9 +190,12 @@ func TestProcFSFake(t *testing.T) {
 		if err != nil || info.CgroupID != 0 || info.ContainerID != ctrID {
 			t.Errorf("Info without cgroup root = %+v, %v", info, err)
 		}
+		// A container's cgroup that is not there (the process moved, or
+		// the path is made up) names no container: none can be checked
+		// to be root's.
 		info, err = fs.Info(456)
-		if err != nil || info.CgroupID != 0 || info.ContainerID != ctrID || info.PodUID != "" {
-			t.Errorf("Info(456) = %+v, %v; want container, no pod, no cgroup id", info, err)
+		if err != nil || info.CgroupID != 0 || info.ContainerID != "" || info.PodUID != "" {
+			t.Errorf("Info(456) = %+v, %v; want no container, no pod, no cgroup id", info, err)
 		}
 		info, err = fs.Info(777)
 		if err != nil || info.ContainerID != "" || info.PodUID != "" || info.Comm != "host proc" {

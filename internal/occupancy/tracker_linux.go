@@ -182,9 +182,22 @@ func (t *Tracker) Handle(ev *bpf.Event) {
 	case bpf.EventExit:
 		t.forget(pid)
 		t.Ledger.RemoveProcess(pid)
-	case bpf.EventFork, bpf.EventExec, bpf.EventResync:
+	case bpf.EventFork, bpf.EventExec:
 		t.forget(pid)
 		t.reconcile(pid, at)
+	case bpf.EventResync:
+		// A received fd (SCM_RIGHTS, reported at receipt by the sock
+		// tracepoints or sys_exit) or fds changed in bulk: a GPU the
+		// process did not hold before came in without an open the gate
+		// judged, so the rules judge it now as an open (Opened).
+		t.forget(pid)
+		if pf, gained := t.reconcile(pid, at); t.Opened != nil {
+			for _, gpu := range gained {
+				e := *ev
+				e.GPU = int32(gpu)
+				t.Opened(pf.Info, gpu, &e)
+			}
+		}
 	case bpf.EventRelease:
 		t.released(int(ev.GPU), at)
 	case bpf.EventGateHigh, bpf.EventDeny:
@@ -372,20 +385,27 @@ func (t *Tracker) identify(pid int, ev *bpf.Event) ProcInfo {
 	return info
 }
 
-func (t *Tracker) reconcile(pid int, at time.Time) {
+func (t *Tracker) reconcile(pid int, at time.Time) (pf ProcFDs, gained []int) {
 	pf, err := t.Proc.Scan(pid)
 	if err != nil {
 		if errors.Is(err, ErrNoProcess) {
 			t.Ledger.RemoveProcess(pid)
-			return
+			return pf, nil
 		}
 		t.logger().Warn("reconciling process", "pid", pid, "error", err)
-		return
+		return pf, nil
 	}
 	if t.Classify != nil && len(pf.FDs) > 0 {
 		t.Classify(&pf.Info)
 	}
+	for gpu := range pf.FDs {
+		if len(t.Ledger.FDs(pid, gpu)) == 0 {
+			gained = append(gained, gpu)
+		}
+	}
+	slices.Sort(gained)
 	t.Ledger.SetProcess(pf, at)
+	return pf, gained
 }
 
 // Resync makes the ledger equal to /proc: every process's GPU fds.

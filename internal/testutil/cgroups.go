@@ -40,17 +40,34 @@ func Cgroup(tb testing.TB, name string) (dir string, id uint64) {
 	return dir, id
 }
 
-// ContainerCgroup makes a cgroup named as Docker names a container's
-// (docker-<id>.scope, under a Cgroup), so that gpud takes its processes for
+// runtimeParent makes (if missing) and returns a runtime's parent cgroup
+// under the v2 root: a container's or pod's cgroup is believed only where
+// its runtime makes one (cgroups.Parse). It stays: other tests, or the
+// runtime itself, may be using it.
+func runtimeParent(tb testing.TB, rel string) string {
+	tb.Helper()
+	root, _, err := cgroups.V2Root()
+	if err != nil {
+		Skip(tb, "no cgroup v2 hierarchy: "+err.Error())
+	}
+	dir := filepath.Join(root, rel)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		tb.Fatal(err)
+	}
+	return dir
+}
+
+// ContainerCgroup makes a cgroup where and as Docker's cgroupfs driver
+// makes a container's (/docker/<id>), so that gpud takes its processes for
 // a container's; it returns the directory, the container id and the
 // cgroup id.
 func ContainerCgroup(tb testing.TB) (dir, containerID string, id uint64) {
 	tb.Helper()
-	parent, _ := Cgroup(tb, "ctr")
+	parent := runtimeParent(tb, "docker")
 	b := make([]byte, 32)
 	rand.Read(b)
 	containerID = hex.EncodeToString(b)
-	dir = filepath.Join(parent, "docker-"+containerID+".scope")
+	dir = filepath.Join(parent, containerID)
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		tb.Fatal(err)
 	}
@@ -62,14 +79,15 @@ func ContainerCgroup(tb testing.TB) (dir, containerID string, id uint64) {
 	return dir, containerID, id
 }
 
-// PodCgroup makes a pod's cgroups as kubelet's systemd driver and
-// containerd name them (kubepods-<qos>-pod<uid>.slice, one container's
-// cri-containerd-<id>.scope inside it, under a Cgroup), so that gpud takes
+// PodCgroup makes a pod's cgroups where and as kubelet's systemd driver and
+// containerd make them (kubepods.slice/kubepods-<qos>.slice/
+// kubepods-<qos>-pod<uid>.slice, one container's cri-containerd-<id>.scope
+// inside it; qos burstable or besteffort), so that gpud takes
 // its processes for that pod's; it returns the pod's uid and cgroup id, and
 // the container's cgroup directory for processes to join.
 func PodCgroup(tb testing.TB, qos string) (uid string, podID uint64, ctrDir string) {
 	tb.Helper()
-	parent, _ := Cgroup(tb, "pod")
+	parent := runtimeParent(tb, filepath.Join("kubepods.slice", "kubepods-"+qos+".slice"))
 	b := make([]byte, 16)
 	rand.Read(b)
 	b[6], b[8] = b[6]&0x0f|0x40, b[8]&0x3f|0x80 // a version 4 UUID, as the API server makes
