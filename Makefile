@@ -13,7 +13,7 @@ FUZZTIME  ?= 10s
 # The daemon tests `make test` runs a second time with --hooks syscalls
 # (the opt-in mode; the whole suite runs in the default driver mode): fd
 # tracking, the bypass routes, crashes, the gate's verdicts and overload.
-SYSCALLS_MODE_TESTS ?= ^(TestFDLifecycle|TestForkExecExit|TestFDPassing|TestStartupFindsExistingHolder|TestBypass|TestBypassIOUringResync|TestCrashCampaign|TestGateLowHeldHighOpens|TestGateHighHeldLowDenied|TestGateFirstOpen|TestOverloadDropsResync|TestDriverHooksOpenRoutes)$$
+SYSCALLS_MODE_TESTS ?= ^(TestFDLifecycle|TestForkExecExit|TestFDPassing|TestStartupFindsExistingHolder|TestBypass|TestBypassIOUringResync|TestCrashCampaign|TestGateLowHeldHighOpens|TestGateHighHeldLowDenied|TestGateFirstOpen|TestOverloadDropsResync|TestDriverHooksOpenRoutes|TestPassedFDReceiverKilled)$$
 # The kernels `make test` boots (scripts/kmatrix.sh suites).
 KMATRIX_IN_TEST ?= bullseye bookworm trixie
 IMAGE     ?= gpud.local/gpud:dev

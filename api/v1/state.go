@@ -64,6 +64,18 @@ type StateFile struct {
 	// Hooks says how the kernel side observes GPU fds (--hooks); absent in
 	// files of gpuds before it.
 	Hooks *StateHooks `json:"hooks,omitempty"`
+	// KernelMaps are the kernel maps gpud depends on that are 80 % full
+	// or more, with what a full one costs; absent when none.
+	KernelMaps []StateKernelMap `json:"kernel_maps,omitempty"`
+}
+
+// StateKernelMap is a kernel map nearing full.
+type StateKernelMap struct {
+	Name     string `json:"name"` // as in bpf/gpud.bpf.c: cgroup_prio, expect_cgroup, ...
+	Entries  int    `json:"entries"`
+	Capacity int    `json:"capacity"`
+	// Full says what gpud does when the map is full (how it fails safe).
+	Full string `json:"full"`
 }
 
 // StateDRA is what gpud's DRA driver offers and has prepared.
@@ -95,6 +107,12 @@ type StateHooks struct {
 	Complete bool     `json:"complete"`
 	Attached []string `json:"attached,omitempty"`
 	Missing  []string `json:"missing,omitempty"`
+	// PassedFDs is how soon a GPU fd passed into a process (SCM_RIGHTS)
+	// is seen, and so judged: "receive_fd kprobe: at receipt", "sock
+	// tracepoints: at receipt", "syscall tracepoints: at receipt (...)",
+	// or "sweep only: within <--resync-interval>" ("sweep only: never"
+	// with the sweep off).
+	PassedFDs string `json:"passed_fds,omitempty"`
 }
 
 // StateNVML is where NVML came from.

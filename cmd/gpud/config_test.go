@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -121,6 +122,8 @@ func TestRunBadSettings(t *testing.T) {
 		{[]string{"--config", "/uninstall"}, nil, `run: uninstall (file /uninstall:2): unknown key`},
 		{[]string{"--cdi-kind", "nvidia.com"}, nil, `run: cdi-kind (flag --cdi-kind): invalid CDI kind "nvidia.com": want vendor/class, e.g. nvidia.com/gpu`},
 		{nil, map[string]string{"GPUD_CDI_KIND": "nvidia.com/gpu=x"}, `run: cdi-kind (env GPUD_CDI_KIND): invalid CDI kind "nvidia.com/gpu=x": "gpu=x" must start with a letter, end with a letter or digit and hold only letters, digits, '_', '-' and '.'`},
+		{nil, map[string]string{"GPUD_CGROUP_PARENTS": "/mycontainers,kubelet.slice"}, `run: cgroup-parents (env GPUD_CGROUP_PARENTS): invalid value "/mycontainers,kubelet.slice": "kubelet.slice" is not an absolute cgroup path (e.g. /mycontainers, /kubelet.slice/kubelet-kubepods.slice)`},
+		{[]string{"--cgroup-parents", "/"}, nil, `run: cgroup-parents (flag --cgroup-parents): invalid value "/": the root cgroup cannot be a runtime's parent (every cgroup root made in it would be a workload's)`},
 	} {
 		_, _, err := loadRun(tc.args, fakeSources(tc.env, files))
 		if err == nil {
@@ -242,9 +245,17 @@ func TestReloader(t *testing.T) {
 	logs.Reset()
 	files["/c"] = "version: v1\n"
 	fd.fail = errors.New("no")
+	before := configRefused.Load()
 	r.reload(src)
 	if l := lastLog(); l.Level != "ERROR" || !strings.HasPrefix(l.Msg, "reload: not applied") {
 		t.Errorf("refused reload log: %s", logs.String())
+	}
+	// A value the daemon refuses is a refused reload
+	// (gpud_config_reloads_refused_total); a failure to apply is not.
+	fd.fail = fmt.Errorf("%w: idle-after must be positive", daemon.ErrConfig)
+	r.reload(src)
+	if n := configRefused.Load() - before; n != 1 {
+		t.Errorf("refused reloads counted %d, want 1 (the daemon's ErrConfig)", n)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"runtime/debug"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/gpud/gpud/bpf"
+	"github.com/gpud/gpud/internal/cgroups"
 	"github.com/gpud/gpud/internal/config"
 	"github.com/gpud/gpud/internal/daemon"
 	"github.com/gpud/gpud/internal/httpserve"
@@ -70,6 +72,7 @@ func runFlags() (*pflag.FlagSet, *runOptions) {
 	fs.DurationVar(&cfg.ResyncInterval, "resync-interval", def.ResyncInterval, "safety-net reconciliation from /proc (0 disables)")
 	fs.StringVar(&cfg.NodeName, "node-name", defaultNode(), "node name in the state file (default $NODE_NAME or the hostname)")
 	fs.StringVar(&cfg.CgroupRoot, "cgroup-root", "", "cgroup v2 mount point (default: detected)")
+	fs.Var(config.NewList(&cfg.CgroupParents, def.CgroupParents, cgroups.CheckParent), "cgroup-parents", "cgroup v2 paths, comma-separated, where a runtime makes containers (Docker's --cgroup-parent, e.g. /mycontainers or /my.slice) or kubelet makes pods (below its --cgroup-root, e.g. /kubelet/kubepods or /kubelet.slice/kubelet-kubepods.slice), trusted besides /docker, /system.slice and /kubepods[.slice]: a workload's cgroup elsewhere is a look-alike, its processes host processes (\"\": the defaults alone)")
 	fs.Var(config.NewEnum(&o.nvml, "auto", "auto", "off"), "nvml", "use NVML for UUIDs, utilization, memory, MIG and health: `auto|off`")
 	fs.StringVar(&cfg.NVMLLibrary, "nvml-library", def.NVMLLibrary, "libnvidia-ml's path under --driver-root, e.g. /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1; only a file root owns and only root can change is loaded (empty: the dynamic loader's search)")
 	fs.StringVar(&cfg.DriverRoot, "driver-root", def.DriverRoot, "where the NVIDIA driver's files are as gpud sees them: / on a host, the host's driver root mounted into gpud's pod (e.g. /driver-root)")
@@ -79,19 +82,21 @@ func runFlags() (*pflag.FlagSet, *runOptions) {
 	fs.DurationVar(&cfg.FailOpenAfter, "fail-open-after", def.FailOpenAfter, "the gate allows everything once gpud has not heartbeated for this long")
 	fs.Var(config.NewEnum(&o.defPrio, string(def.DefaultPriority), "unmanaged", "low", "high"), "default-priority", "class of workloads without the gpud.io/priority label: `unmanaged|low|high` (reloadable)")
 	fs.DurationVar(&cfg.PreemptGrace, "preempt-grace", 0, "SIGTERM → SIGKILL delay for preempted processes (0: SIGKILL at once; reloadable)")
-	fs.Var(config.NewEnum(&cfg.PreemptMode, def.PreemptMode, "kill", "freeze", "checkpoint"), "preempt-mode", "how low-priority holders are preempted: `kill|freeze|checkpoint` (freeze: their workload's cgroup is frozen, nothing lost, and thawed once no high-priority process holds the GPU; checkpoint: each CUDA process's GPU memory is first moved to host memory through the driver's checkpoint API, releasing the GPU; a workload's gpud.io/preempt-mode label overrides it)")
+	fs.Var(config.NewEnum(&cfg.PreemptMode, def.PreemptMode, "kill", "freeze", "checkpoint"), "preempt-mode", "how low-priority holders are preempted: `kill|freeze|checkpoint` (freeze: their workload's cgroup is frozen, nothing lost, and thawed once no high-priority process holds the GPU; checkpoint: each CUDA process's GPU memory is first moved to host memory through the driver's checkpoint API, releasing the GPU; a workload's gpud.io/preempt-mode label overrides it where --preempt-mode-namespaces or --preempt-mode-containers allows)")
+	fs.Var(config.NewList(&cfg.PreemptModeNamespaces, def.PreemptModeNamespaces, workload.CheckPreemptModeNamespace), "preempt-mode-namespaces", "which preempt modes pods may choose with their gpud.io/preempt-mode label: namespace=mode entries (namespace * for every namespace), comma-separated; kill may always be chosen, a mode not allowed here is ignored and --preempt-mode applies (\"\": only kill)")
+	fs.Var(config.NewList(&cfg.PreemptModeContainers, def.PreemptModeContainers, workload.CheckPreemptModeChoice), "preempt-mode-containers", "which preempt modes Docker containers may choose with their gpud.io/preempt-mode label (freeze, checkpoint), comma-separated; kill may always be chosen (\"\": only kill)")
 	fs.Var(config.NewEnum(&cfg.CheckpointFallback, def.CheckpointFallback, "freeze", "kill"), "checkpoint-fallback", "what --preempt-mode checkpoint does where the CUDA checkpoint is unsupported or fails: `freeze|kill`")
 	fs.DurationVar(&cfg.CheckpointTimeout, "checkpoint-timeout", def.CheckpointTimeout, "bound on the CUDA lock of one process in --preempt-mode checkpoint (a multi-process or NCCL job's lock can hang)")
 	fs.StringVar(&cfg.CUDALibrary, "cuda-library", "", "libcuda's path under --driver-root for --preempt-mode checkpoint, loaded only when root's and only root can change it (empty: the first libcuda.so.1 in the library directories under --driver-root, or the dynamic loader's search on /)")
 	fs.DurationVar(&cfg.MaxFrozen, "max-frozen", def.MaxFrozen, "a workload frozen by --preempt-mode freeze this long is killed and reclaimed (0: never)")
 	fs.Var(config.NewEnum(&cfg.Reclaim, def.Reclaim, "stop", "remove", "evict", "delete", "none"), "reclaim", "what happens to a preempted or refused low-priority workload: `stop|remove|evict|delete|none` (stop/remove for containers, evict/delete for pods, stop=evict, remove=delete)")
 	fs.DurationVar(&cfg.ReservationTTL, "reservation-ttl", def.ReservationTTL, "how long a freed GPU waits for its earliest refused low-priority requester")
-	fs.StringVar(&cfg.CheckpointRoot, "checkpoint-root", def.CheckpointRoot, "where gpud-preempted.json notices go, one directory per task id")
+	fs.StringVar(&cfg.CheckpointRoot, "checkpoint-root", def.CheckpointRoot, "where gpud-preempted.json notices go, one directory per task: <namespace>/<task id> (_docker/<task id> for a Docker container)")
 	fs.StringVar(&cfg.HostCheckpointRoot, "host-checkpoint-root", "", "--checkpoint-root as the host sees it, for the checkpoint mounts NRI gives when gpud runs in a pod (default: the same)")
 	fs.StringVar(&cfg.KubeConfig, "kubeconfig", "", "API server for pod labels (default: in-cluster config when in a pod, else none)")
 	fs.StringVar(&cfg.CRIEndpoint, "cri-endpoint", "", "container runtime socket for pod labels when there is no API server (default: containerd's or CRI-O's if present; none disables)")
 	fs.StringVar(&cfg.NRISocket, "nri-socket", def.NRISocket, "the container runtime's NRI socket: pods classified before their containers start, whenever it is there (none disables)")
-	fs.Var(config.NewList(&cfg.AgentComms, def.AgentComms, workload.CheckComm), "agent-comms", "system agents by process name (comm, at most 15 bytes), comma-separated: a root process outside labelled or lent workloads with one of these names is an agent, shown but never a holder (\"\" for none)")
+	fs.Var(config.NewList(&cfg.AgentComms, def.AgentComms, workload.CheckComm), "agent-comms", "system agents by process name (comm, at most 15 bytes), comma-separated: a root host process outside every container and pod with one of these names is an agent (a container is one by its label gpud.io/agent=true), shown but never a holder (\"\" for none)")
 	fs.Var(config.NewList(&cfg.AgentNamespaces, def.AgentNamespaces, workload.CheckNamespace), "agent-namespaces", "namespaces whose pods may be system agents (the GPU Operator's), comma-separated (\"\" for none)")
 	fs.Var(config.NewList(&cfg.AgentLabels, def.AgentLabels, workload.CheckLabel), "agent-labels", "pods of --agent-namespaces with one of these labels (key=value, value may hold * and ?) are system agents, comma-separated (\"\": every pod of those namespaces)")
 	fs.BoolVar(&cfg.DevicePlugin, "device-plugin", false, "lend idle GPUs to kubelet as --resource-name through a device plugin")
@@ -118,7 +123,7 @@ func runFlags() (*pflag.FlagSet, *runOptions) {
 	fs.StringVar(&cfg.DRACDIDir, "dra-cdi-dir", def.DRACDIDir, "where the CDI specs of prepared claims are written: one of the container runtime's CDI spec directories")
 	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", def.MetricsAddr, "Prometheus /metrics, /healthz and /readyz listen address (empty disables)")
 	fs.StringVar(&cfg.MetricsWebConfig, "metrics-web-config", def.MetricsWebConfig, "TLS and basic auth for the metrics port: a Prometheus exporter-toolkit web config file, root's, that only root can change (empty: plain HTTP)")
-	fs.StringVar(&cfg.HealthAddr, "health-addr", def.HealthAddr, "also serve /healthz and /readyz alone, plain HTTP, on this address, e.g. 127.0.0.1:9408 for kubelet's probes when the metrics port wants credentials (empty: metrics port only)")
+	fs.StringVar(&cfg.HealthAddr, "health-addr", def.HealthAddr, "also serve /healthz and /readyz alone, plain HTTP, on this address, e.g. 127.0.0.1:9408 for kubelet's probes, where no pod without hostNetwork can reach or starve it (the chart always sets it; empty: metrics port only)")
 	fs.StringVar(&cfg.PprofAddr, "pprof-addr", def.PprofAddr, "serve Go profiles (/debug/pprof/) on this loopback address, e.g. 127.0.0.1:6060 (empty disables; loopback only)")
 	fs.StringVar(&cfg.PinDir, "bpf-pin-dir", def.PinDir, "bpffs directory where the gate stays pinned across gpud restarts and crashes (empty: the gate goes with the process)")
 	fs.Var(config.NewEnum(&cfg.Hooks, def.Hooks, "driver", "syscalls"), "hooks", "how the kernel side observes GPU file descriptors: `driver|syscalls` (driver: the gate reports GPU opens, process events and kprobes on the GPU driver's release and receive_fd report the rest, nothing runs on the syscall path; where the kernel has no kprobes, closes are found by re-reading the holders' fd tables every 2s; syscalls: tracepoints on every syscall's entry and exit, which every syscall of every process on the node pays for, for kernels where the gate cannot report opens)")
@@ -345,6 +350,7 @@ func cmdRun(args []string) error {
 			}
 			return usagef("run: %v", err)
 		}
+		o.cfg.ReloadsRefused = configRefused.Load
 		d, err := daemon.New(o.cfg, log)
 		if errors.Is(err, nvidia.ErrNoGPUs) {
 			continue // gone again since the wait saw them
@@ -408,6 +414,11 @@ func waitForGPUs(ctx context.Context, cfg daemon.Config, log *slog.Logger) error
 // gpuWaitInterval is how often a gpud with no GPU device node looks again.
 const gpuWaitInterval = 2 * time.Second
 
+// configRefused counts the SIGHUPs whose settings were refused (a bad
+// value, an unsafe or unreadable file) since gpud started: the daemon
+// serves it as gpud_config_reloads_refused_total.
+var configRefused atomic.Uint64
+
 // reloader applies SIGHUP: the settings are loaded again from the same
 // command line, the environment and the file, and what may change at run
 // time is applied; the rest is reported as needing a restart.
@@ -438,7 +449,10 @@ func (r *reloader) reload(src config.Sources) {
 	}
 	o, s, err := loadRun(r.args, src)
 	if err != nil {
-		r.log.Error("reload: bad settings; the running ones stay", "error", strings.TrimPrefix(err.Error(), "run: "))
+		// An unsafe settings file (another user could change it) lands
+		// here too: nothing of it is taken.
+		n := configRefused.Add(1)
+		r.log.Error("reload: bad settings; the running ones stay", "error", strings.TrimPrefix(err.Error(), "run: "), "reloads_refused", n)
 		return
 	}
 	now := compared(s)
@@ -456,6 +470,9 @@ func (r *reloader) reload(src config.Sources) {
 		}
 	}
 	if err := r.d.Reload(rl); err != nil {
+		if errors.Is(err, daemon.ErrConfig) {
+			configRefused.Add(1) // a value the daemon refuses: refused too
+		}
 		r.log.Error("reload: not applied; the running settings stay", "error", err)
 		return
 	}

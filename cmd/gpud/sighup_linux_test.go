@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -60,8 +61,14 @@ func TestBinarySIGHUPReload(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metricsAddr := ln.Addr().String()
+	ln.Close()
 	d := exec.Command(bin, "run", "--dev-dir", devDir, "--state-file", stateFile, "--state-dir", dir,
-		"--control-socket", socket, "--checkpoint-root", filepath.Join(dir, "ckpt"), "--metrics-addr", "",
+		"--control-socket", socket, "--checkpoint-root", filepath.Join(dir, "ckpt"), "--metrics-addr", metricsAddr,
 		"--docker-host", "none", "--cri-endpoint", "none", "--nvml", "off", "--node-name", "sighup-test",
 		"--bpf-pin-dir", "") // the gate goes with the process: nothing left pinned if the test fails
 	d.Env = append(os.Environ(), "GPUD_CONFIG="+cfgPath, "GPUD_PREEMPT_GRACE=1s", "KUBERNETES_SERVICE_HOST=")
@@ -177,6 +184,14 @@ func TestBinarySIGHUPReload(t *testing.T) {
 	}
 	if f, _ := occupancy.ReadStateFile(stateFile); testutil.HolderPriority(f, 0, pid) != occupancy.Low {
 		t.Errorf("a bad reload changed the class")
+	}
+	// and counts it, for an alert on a node whose reloads stopped taking.
+	var body string
+	if !testutil.Poll(10*time.Second, func() bool {
+		_, body, _ = testutil.HTTPGet("http://" + metricsAddr + "/metrics")
+		return strings.Contains(body, "\ngpud_config_reloads_refused_total 1\n")
+	}) {
+		t.Errorf("/metrics lacks gpud_config_reloads_refused_total 1:\n%s", body)
 	}
 	// Monitoring off from the file.
 	writeCfg("version: v1\nidle-after: 1s\ndefault-priority: low\nmonitoring: false\n")

@@ -21,6 +21,8 @@ import (
 
 	"github.com/spf13/pflag"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/gpud/gpud/internal/safefs"
 )
 
 // Version is the only file version this gpud reads.
@@ -58,7 +60,7 @@ func EnvName(name string) string {
 // Sources are the environment and the file system, replaceable in tests.
 type Sources struct {
 	LookupEnv func(string) (string, bool)  // default os.LookupEnv
-	ReadFile  func(string) ([]byte, error) // default: os.ReadFile, at most MaxFileSize
+	ReadFile  func(string) ([]byte, error) // default: safefs.ReadFile, at most MaxFileSize
 	// FlagOnly names flags that are actions rather than settings (gpud
 	// run --uninstall): only the command line sets them; in the file they
 	// are unknown keys, and their variables are not read.
@@ -76,19 +78,14 @@ func (s Sources) readFile(p string) ([]byte, error) {
 	if s.ReadFile != nil {
 		return s.ReadFile(p)
 	}
-	f, err := os.Open(p)
-	if err != nil {
-		return nil, err
+	// Whoever can change the file chooses gpud's settings (its directories,
+	// its default priority, what it kills): it falls under the rule of
+	// gpud's own directories, at start and at each SIGHUP alike.
+	b, err := safefs.ReadFile(p, MaxFileSize)
+	if errors.Is(err, safefs.ErrUnsafe) {
+		return nil, fmt.Errorf("%s: %w (the settings file must be root's, not writable by others, in directories only root can change, reached through no symlink another user made)", p, err)
 	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, MaxFileSize+1))
-	if err != nil {
-		return nil, err
-	}
-	if len(b) > MaxFileSize {
-		return nil, fmt.Errorf("larger than %d bytes", MaxFileSize)
-	}
-	return b, nil
+	return b, err
 }
 
 // Settings is a flag set filled from every source.

@@ -23,8 +23,13 @@ type Run struct {
 	ResyncInterval time.Duration // safety-net full /proc reconciliation; 0 disables
 	NodeName       string
 	CgroupRoot     string // "" detects
-	ProcRoot       string
-	UseNVML        bool
+	// CgroupParents are cgroup v2 paths where a runtime makes containers
+	// (Docker's --cgroup-parent) or kubelet makes pods or their QoS levels
+	// (below a kubelet --cgroup-root), trusted besides the default places
+	// (cgroups.SetParents). Empty: the defaults alone.
+	CgroupParents []string
+	ProcRoot      string
+	UseNVML       bool
 	// NVMLLibrary is libnvidia-ml's path under DriverRoot; "" lets the
 	// dynamic loader search for libnvidia-ml.so.1 (a host install).
 	NVMLLibrary string
@@ -51,6 +56,12 @@ type Run struct {
 	// freeze their workload's cgroup until the GPU is free of high
 	// priority again (a workload's gpud.io/preempt-mode label overrides it).
 	PreemptMode string
+	// PreemptModeNamespaces (namespace=mode, namespace * for all) and
+	// PreemptModeContainers (modes, for Docker containers) say which modes
+	// a workload's gpud.io/preempt-mode label may choose; kill always, any
+	// other mode only where named (workload.PreemptModes). Empty: only kill.
+	PreemptModeNamespaces []string
+	PreemptModeContainers []string
 	// MaxFrozen: a workload frozen this long is killed and reclaimed (0:
 	// never).
 	MaxFrozen time.Duration
@@ -85,8 +96,9 @@ type Run struct {
 	// System agents: NVIDIA's own daemons that keep GPUs open. They are
 	// shown, never holders: no busy GPU, no activity, no owner, no victim,
 	// no refusal because of them (workload.Agents, which has the trust
-	// rule: a name counts only for root outside labelled or lent
-	// workloads, a label only in an agent namespace).
+	// rule: a name counts only for a root host process outside every
+	// workload, a pod label only in an agent namespace; a Docker container
+	// is one by its own gpud.io/agent=true label).
 	AgentComms      []string // process names (comm, ≤ 15 bytes)
 	AgentNamespaces []string // namespaces whose pods may be agents
 	AgentLabels     []string // key=glob: which pods of those namespaces are
@@ -176,6 +188,7 @@ func Defaults() Run {
 		OwnerResource:      "nvidia.com/gpu",
 		CDIKind:            "nvidia.com/gpu",
 		CDISpecDirs:        []string{"/etc/cdi", "/var/run/cdi"},
+		CgroupParents:      []string{},
 		KubeletDir:         "/var/lib/kubelet/device-plugins",
 		PodResourcesSocket: "/var/lib/kubelet/pod-resources/kubelet.sock",
 		LendMinFreeMemory:  1 << 30,
@@ -208,6 +221,11 @@ func Defaults() Run {
 		MetricsAddr:     ":9407",
 		PinDir:          "/sys/fs/bpf/gpud",
 		KeepEnforcing:   true,
+
+		// Freeze and checkpoint keep memory a high workload may need:
+		// a workload chooses them only where the operator allows.
+		PreemptModeNamespaces: []string{},
+		PreemptModeContainers: []string{},
 	}
 }
 
@@ -257,7 +275,10 @@ func (r Run) Complete() Run {
 	list(&r.AgentComms, d.AgentComms)
 	list(&r.AgentNamespaces, d.AgentNamespaces)
 	list(&r.AgentLabels, d.AgentLabels)
+	list(&r.PreemptModeNamespaces, d.PreemptModeNamespaces)
+	list(&r.PreemptModeContainers, d.PreemptModeContainers)
 	list(&r.CDISpecDirs, d.CDISpecDirs)
+	list(&r.CgroupParents, d.CgroupParents)
 	list(&r.DRASharedGPUs, d.DRASharedGPUs)
 	str(&r.DRAPluginDir, d.DRAPluginDir)
 	str(&r.DRARegistryDir, d.DRARegistryDir)

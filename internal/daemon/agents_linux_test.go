@@ -64,11 +64,11 @@ func agentBinary(t *testing.T) string {
 	return bin
 }
 
-// inContainer starts a helper in a new container-like cgroup that gpud
-// does not know: its class is --default-priority's.
-func inContainer(t *testing.T) *helper {
+// onHost starts a helper in a new cgroup that is no container's or pod's:
+// a host process (as a systemd unit's would be).
+func onHost(t *testing.T) *helper {
 	t.Helper()
-	dir, _, _ := testutil.ContainerCgroup(t)
+	dir, _ := testutil.Cgroup(t, "host")
 	h := startHelper(t)
 	testutil.JoinCgroup(t, dir, h.pid())
 	return h
@@ -82,9 +82,9 @@ func pids(hs []v1.StateHolder) []int {
 	return out
 }
 
-// With --default-priority low, NVIDIA's agents in unlabelled containers
-// would be low holders: killed by any high open, and no GPU would ever be
-// idle. As agents (root, an agent's name), they are shown under agents,
+// With --default-priority low, NVIDIA's agents would be low holders:
+// killed by any high open, and no GPU would ever be idle. As agents (root
+// host processes with an agent's name), they are shown under agents,
 // survive a high open, and their opens are no activity. A non-root process
 // that renamed itself like an agent, and a root one in a low-labelled
 // workload, are ordinary low holders: they die.
@@ -94,18 +94,20 @@ func TestAgentsAreNotHoldersDefaultLow(t *testing.T) {
 	gpu := e.gpus[0].Path
 	openToAll(t, gpu)
 
-	// The persistence daemon: root, opens the GPU and execs
-	// "nvidia-persistenced" keeping the fd.
-	agent := inContainer(t)
+	// The persistence daemon: a root host process, opens the GPU and
+	// execs "nvidia-persistenced" keeping the fd.
+	agent := onHost(t)
 	agent.doInt("open %s", gpu)
 	agent.send("exec %s", agentBinary(t))
 	// GPU Feature Discovery's pattern: root, an agent's name, opening and
 	// closing the GPU all the time.
-	gfd := inContainer(t)
+	gfd := onHost(t)
 	gfd.do("comm gpu-feature-dis")
 	// Spoofers: a non-root process with the persistence daemon's name, and a
 	// root one in a workload labelled low.
-	spoofer := inContainer(t)
+	// (a workload of the default class; a look-alike container cgroup is
+	// a host cgroup now, whose processes are never managed)
+	spoofer, _ := classified(t, reg, "agents-spoofer", occupancy.Low, "agents-spoofer")
 	spoofer.do("comm nvidia-persiste") // first: after setuid the process is not dumpable, /proc/self/comm root's
 	spoofer.do("setuid 65534")
 	spoofer.doInt("open %s", gpu)
@@ -177,15 +179,14 @@ func TestAgentsAreNotHoldersDefaultLow(t *testing.T) {
 	})
 }
 
-// With --default-priority high, an agent in an unlabelled container would
-// be a high holder, and every low open of its GPU would be refused. As an
+// With --default-priority high, an agent would be a high holder, and every low open of its GPU would be refused. As an
 // agent it blocks nobody; a non-root spoofer with its name does.
 func TestAgentsAreNotHoldersDefaultHigh(t *testing.T) {
 	e := agentEnv(t, occupancy.High, time.Minute)
 	reg := e.d.Registry()
 	gpu := e.gpus[1].Path
 
-	agent := inContainer(t)
+	agent := onHost(t)
 	agent.doInt("open %s", gpu)
 	agent.send("exec %s", agentBinary(t))
 	testutil.WaitStateFile(t, e.cfg.StateFile, 5*time.Second, func(f *v1.StateFile) bool {
@@ -204,7 +205,7 @@ func TestAgentsAreNotHoldersDefaultHigh(t *testing.T) {
 	// The same name without root is a high holder (the default): low opens
 	// are refused again.
 	openToAll(t, gpu)
-	spoofer := inContainer(t)
+	spoofer, _ := classified(t, reg, "agents-spoofer-hi", occupancy.High, "agents-spoofer-hi")
 	spoofer.do("comm nvidia-persiste") // first: after setuid the process is not dumpable, /proc/self/comm root's
 	spoofer.do("setuid 65534")
 	spoofer.doInt("open %s", gpu)

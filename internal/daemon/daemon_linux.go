@@ -53,18 +53,25 @@ type Config struct {
 	// (nil: no sharing): the shared GPUs are judged against it on every
 	// NVML sample and every change, and its pods are fenced to their GPUs.
 	Shares *sharing.Book
+	// ReloadsRefused, when set, reads how many settings reloads (SIGHUP)
+	// were refused: whoever reads the settings refuses and counts them,
+	// across the daemons of one gpud (gpud_config_reloads_refused_total).
+	ReloadsRefused func() uint64
 }
 
 // Daemon is a running gpud.
 type Daemon struct {
-	cfg     Config
-	log     *slog.Logger
-	mon     *bpf.Monitor
-	ledger  *occupancy.Ledger
-	tracker *occupancy.Tracker
-	writer  *occupancy.Writer
-	nvml    nvidia.Library // nil without NVML
-	nv      nvmlState
+	cfg Config
+	// lookalikes: processes found in cgroups named like a workload's
+	// that no runtime made (the proc reader reports them).
+	lookalikes cgroups.Lookalikes
+	log        *slog.Logger
+	mon        *bpf.Monitor
+	ledger     *occupancy.Ledger
+	tracker    *occupancy.Tracker
+	writer     *occupancy.Writer
+	nvml       nvidia.Library // nil without NVML
+	nv         nvmlState
 	// computeActivity: NVML sampling works, so activity is compute.
 	computeActivity atomic.Bool
 	migChanged      atomic.Bool
@@ -93,6 +100,8 @@ type Daemon struct {
 	opens                                            *metrics.Verdicts
 	registrations                                    atomic.Uint64
 	startResyncs, periodicResyncs, monitoringResyncs atomic.Uint64
+	// kmaps is the kernel maps' use, sampled every kernelMapsEvery.
+	kmaps kernelMaps
 }
 
 // ErrConfig marks errors in what gpud was told (exit status 2).
@@ -138,6 +147,14 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 			return nil, err
 		}
 	}
+	// Before anything reads a cgroup path: the parse, the pod sources and
+	// the kernel's expectations all judge by these places.
+	if _, err := cgroups.SetParents(cfg.CgroupParents); err != nil {
+		return nil, fmt.Errorf("%w: --cgroup-parents: %w", ErrConfig, err)
+	}
+	log.Info("cgroups: workloads are believed only in their runtime's places; a workload's name elsewhere is a look-alike, its processes host processes",
+		"default_parents", cgroups.DefaultParents, "cgroup_parents", cgroups.Parents(),
+		"docker", "also where the engine reports a container's cgroup")
 	syms, err := bpf.ParseDriverSymbols(cfg.DriverSymbols)
 	if err != nil {
 		return nil, fmt.Errorf("%w: --driver-symbols: %w", ErrConfig, err)
@@ -156,7 +173,9 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 		return nil, err
 	}
 	d.setupMetrics()
-	proc := &occupancy.ProcFS{Root: cfg.ProcRoot, CgroupRoot: root, Devs: occupancy.Devs(gpus), Self: os.Getpid()}
+	d.lookalikes.Log = log
+	proc := &occupancy.ProcFS{Root: cfg.ProcRoot, CgroupRoot: root, Devs: occupancy.Devs(gpus), Self: os.Getpid(),
+		Lookalikes: &d.lookalikes, Containers: d.registry.ContainerAt}
 	d.gate = &gate.Controller{
 		Ledger: d.ledger, Registry: d.registry, Exec: d.executor, Kernel: d.mon, Log: log, TTL: cfg.ReservationTTL,
 		Proc: proc, Enforce: cfg.Enforce, Reclaim: cfg.Reclaim, Monitoring: d.monitoring.Load,
@@ -186,7 +205,7 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	if d.shares != nil {
 		d.registry.OnChange = d.registryChanged
 	}
-	d.registry.OnExpect = (&gate.Expectations{Kernel: d.mon, Log: log}).Set
+	d.registry.OnExpect = (&gate.Expectations{Kernel: d.mon, CgroupRoot: root, Log: log}).Set
 	if err := d.mon.MkdirHook(); err != nil {
 		log.Warn("cgroups are not classified as they are made: a workload's opens before gpud finds its cgroup are judged after the fact", "error", err)
 	}
@@ -242,7 +261,8 @@ func (d *Daemon) logHooks() {
 		d.log.Info("kernel hooks: driver mode, nothing on the syscall path", "hooks_mode", st.Mode, "attached", st.Attached)
 	default:
 		d.log.Warn("kernel hooks: driver mode without some hooks: closes and passed fds are found by re-reading holders' fd tables and at the periodic reconciliation",
-			"hooks_mode", st.Mode, "attached", st.Attached, "missing", st.Missing, "error", st.Err, "rescan_every", holderRescan)
+			"hooks_mode", st.Mode, "attached", st.Attached, "missing", st.Missing, "error", st.Err, "rescan_every", holderRescan,
+			"passed_fds", d.passedFDs(st))
 	}
 }
 
@@ -304,7 +324,8 @@ func (d *Daemon) decorate(f *v1.StateFile) {
 		d.lender.Decorate(f)
 	}
 	st := d.mon.Hooks()
-	f.Hooks = &v1.StateHooks{Mode: st.Mode, Complete: st.Complete, Attached: st.Attached, Missing: st.Missing}
+	f.Hooks = &v1.StateHooks{Mode: st.Mode, Complete: st.Complete, Attached: st.Attached, Missing: st.Missing, PassedFDs: d.passedFDs(st)}
+	f.KernelMaps = d.kmaps.nearlyFull()
 	if s := d.executor.Suspensions(); len(s) > 0 {
 		f.Suspended = s
 	}
@@ -312,6 +333,18 @@ func (d *Daemon) decorate(f *v1.StateFile) {
 		d.decorateDRA(f)
 	}
 	d.decorateShares(f)
+}
+
+// passedFDs is the bound that holds for a GPU fd passed by SCM_RIGHTS:
+// the hook that reports its receipt, or the periodic sweep's interval.
+func (d *Daemon) passedFDs(st bpf.HookStatus) string {
+	if st.PassedFDs != bpf.PassedBySweep {
+		return st.PassedFDs
+	}
+	if d.cfg.ResyncInterval <= 0 {
+		return bpf.PassedBySweep + ": never (--resync-interval 0)"
+	}
+	return bpf.PassedBySweep + ": within " + d.cfg.ResyncInterval.String()
 }
 
 // enforcing: the gate applies the rules now; monitoring off turns them off
@@ -524,6 +557,7 @@ func (d *Daemon) periodic(ctx context.Context) {
 			}
 			d.gate.Sync()
 			d.kickShares() // after the sample: the memory it judges
+			d.sampleKernelMaps(now)
 			if d.cfg.ResyncInterval > 0 && now.Sub(lastResync) >= d.cfg.ResyncInterval && d.monitoring.Load() {
 				lastResync = now
 				if err := d.tracker.Resync(); err != nil {
@@ -545,12 +579,23 @@ func (d *Daemon) setupWorkloads(cgroupRoot string) error {
 	if err := agents.Check(); err != nil {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	d.registry = &workload.Registry{Default: cfg.DefaultPriority, Agents: agents, Log: d.log}
+	modes := workload.PreemptModes{Namespaces: cfg.PreemptModeNamespaces, Containers: cfg.PreemptModeContainers}
+	if err := modes.Check(); err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	d.registry = &workload.Registry{Default: cfg.DefaultPriority, Agents: agents, Modes: modes, Log: d.log}
 	j, err := preempt.OpenStateJournal(cfg.StateDir, d.log)
 	if err != nil {
 		return fmt.Errorf("%w: --state-dir: %w", ErrConfig, err)
 	}
 	d.journal = j
+	if cfg.CheckpointRoot != "" {
+		// Before any notice or mount: the old layout's directories (keyed by
+		// task id alone) are set aside, never handed to a namespace.
+		if _, err := preempt.MigrateCheckpointRoot(cfg.CheckpointRoot, d.log); err != nil {
+			return fmt.Errorf("%w: --checkpoint-root: %w", ErrConfig, err)
+		}
+	}
 	var runtimes preempt.Runtimes
 	rc := &preempt.Reclaimer{Mode: cfg.Reclaim, Log: d.log, Runtime: &runtimes,
 		// A reclaimed workload's waiting requests go with it.

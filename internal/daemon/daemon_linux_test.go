@@ -308,7 +308,9 @@ func TestFDPassing(t *testing.T) {
 
 	// SCM_RIGHTS to a process that held nothing.
 	recv := h.doInt("sendfd %d", fd)
-	e.passedFDsNeedResync(recv)
+	if strings.HasPrefix(e.d.State().Hooks.PassedFDs, "sweep only") {
+		e.passedFDsNeedResync(recv) // elsewhere the receipt is reported (#32)
+	}
 	e.settle("SCM_RIGHTS", func(tb table) error {
 		if len(tb[recv][0]) != 1 {
 			return fmt.Errorf("receiver %d holds %v", recv, tb[recv])

@@ -138,6 +138,18 @@ func helperCmd(f []string) (string, error) {
 		err = unix.Sendmsg(pair[0], []byte{'x'}, unix.UnixRights(atoi(f[1])), nil, 0)
 		unix.Close(pair[0])
 		return strconv.Itoa(cmd.Process.Pid), err
+	case "sendfdto": // sendfdto SOCK FD: connect to the unix socket SOCK, wait, pass FD (SCM_RIGHTS)
+		s, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return "", err
+		}
+		defer unix.Close(s)
+		if err := unix.Connect(s, &unix.SockaddrUnix{Name: f[1]}); err != nil {
+			return "", err
+		}
+		// The receiver accepts and waits inside its receive call first.
+		time.Sleep(200 * time.Millisecond)
+		return "ok", unix.Sendmsg(s, []byte{'x'}, unix.UnixRights(atoi(f[2])), nil, 0)
 	case "opentimed": // opentimed PATH: CLOCK_MONOTONIC ns just before the open, and the fd
 		t0 := monoNow()
 		fd, err := unix.Open(f[1], unix.O_RDWR|unix.O_CLOEXEC, 0)

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"strings"
 	"time"
 
 	v1 "github.com/gpud/gpud/api/v1"
@@ -63,13 +64,20 @@ func (d *Daemon) metricsSnapshot() metrics.Snapshot {
 	now := time.Now()
 	f := d.State()
 	s := metrics.Snapshot{
-		Events:     map[string]uint64{},
-		Resyncs:    map[string]uint64{},
-		Malformed:  d.registry.MalformedSeen.Load(),
-		Monitoring: d.monitoring.Load(),
-		Enforcing:  d.gateEnforcing(),
+		Events:           map[string]uint64{},
+		Resyncs:          map[string]uint64{},
+		Malformed:        d.registry.MalformedSeen.Load(),
+		LookalikeCgroups: d.lookalikes.Count.Load(),
+		ShareRefusals:    d.gate.ShareRefusals.Load(),
+		Monitoring:       d.monitoring.Load(),
+		Enforcing:        d.gateEnforcing(),
 
 		StateWriteFailures: d.writer.Failures.Load(),
+		IgnoredLabels: map[string]uint64{"image": d.registry.ImageLabelsDropped.Load(),
+			"preempt_mode": d.registry.ModesRefused.Load()},
+	}
+	if d.cfg.ReloadsRefused != nil {
+		s.ConfigReloadsRefused = d.cfg.ReloadsRefused()
 	}
 	jh := d.journal.Health()
 	s.JournalWriteFailures, s.JournalPending = jh.Failures, jh.Pending
@@ -80,6 +88,10 @@ func (d *Daemon) metricsSnapshot() metrics.Snapshot {
 	}
 	if f.Hooks != nil {
 		s.HooksMode, s.HooksComplete = f.Hooks.Mode, f.Hooks.Complete
+		s.HooksPassedFDs = passedFDsLabel(f.Hooks.PassedFDs)
+	}
+	for _, u := range d.kmaps.usage() {
+		s.KernelMaps = append(s.KernelMaps, metrics.KernelMap{Name: u.Name, Entries: u.Entries, Capacity: u.Capacity})
 	}
 	s.LeftAlone = map[string]int{}
 	for _, g := range f.LeftAlone {
@@ -110,4 +122,20 @@ func (d *Daemon) holderNames(h v1.StateHolder) (namespace, pod, container string
 		containerName = d.pods.ContainerName
 	}
 	return d.registry.Names(occupancy.ProcInfo{CgroupID: h.CgroupID, ContainerID: h.ContainerID, PodUID: h.PodUID}, containerName)
+}
+
+// passedFDsLabel is the state file's passed_fds bound as a metric label:
+// kprobe, sock, syscalls (each: at receipt) or sweep.
+func passedFDsLabel(bound string) string {
+	switch {
+	case bound == bpf.PassedByKprobe:
+		return "kprobe"
+	case bound == bpf.PassedBySock:
+		return "sock"
+	case bound == bpf.PassedBySyscalls:
+		return "syscalls"
+	case strings.HasPrefix(bound, bpf.PassedBySweep):
+		return "sweep"
+	}
+	return ""
 }

@@ -22,6 +22,9 @@ import (
 type shares struct {
 	book *sharing.Book
 	kick chan struct{}
+	// fenceMu orders the fences' computations with their pushes: a fence
+	// computed from an older book or registry never overwrites a newer one.
+	fenceMu sync.Mutex
 
 	mu        sync.Mutex
 	last      map[int]sharing.Judgement    // by GPU index
@@ -52,16 +55,18 @@ func (d *Daemon) setupShares() {
 	}
 	book := d.cfg.Shares
 	book.OnChange(func() {
-		// At once, in the prepare that changed the book: before the pod's
-		// containers start, its GPU is no one's to hold (the table stops
-		// applying to it), then the share rule judges.
-		gpus := map[int]bool{}
-		for _, sh := range book.Shares() {
-			gpus[sh.GPU] = true
-		}
-		d.gate.SetShared(slices.Collect(maps.Keys(gpus)))
+		// At once, in the prepare (or the new reservation) that changed
+		// the book: before the pod's containers start, the claimants are
+		// fenced in and their GPU is no one's to hold (the table stops
+		// applying to it, any other workload is refused), then the share
+		// rule judges.
+		d.fenceNow()
 		d.kickShares()
 	})
+	// A shared GPU opened: a workload without a share that got in (before
+	// it was shared, or before the kernel knew its cgroup) is found by the
+	// judgement at once, not at the next NVML sample.
+	d.gate.SharedOpened = func(int) { d.kickShares() }
 	d.runners = append(d.runners, d.runShares)
 }
 
@@ -94,11 +99,7 @@ func (d *Daemon) runShares(ctx context.Context) {
 // for the state file and metrics.
 func (d *Daemon) judgeShares() {
 	s := d.shares
-	byGPU := map[int][]sharing.Share{}
-	for _, sh := range s.book.Shares() {
-		byGPU[sh.GPU] = append(byGPU[sh.GPU], sh)
-	}
-	d.fenceShares(byGPU)
+	byGPU := d.fenceNow()
 	if len(byGPU) == 0 {
 		s.mu.Lock()
 		had := len(s.last) > 0
@@ -155,6 +156,9 @@ func (d *Daemon) judgeShares() {
 		// with monitoring off; the warnings and the state still say who is
 		// over.
 		if d.enforcing() && d.preemptForShares(dc.gpu, dc.j, holders[dc.gpu]) {
+			changed = true
+		}
+		if d.enforcing() && d.preemptIntruders(dc.gpu, dc.j, holders[dc.gpu]) {
 			changed = true
 		}
 	}
@@ -273,6 +277,30 @@ func (d *Daemon) preemptForShares(gpu int, j sharing.Judgement, holders []occupa
 	return acted
 }
 
+// preemptIntruders removes from the shared GPU gpu the holders that are
+// workloads without a share of it, whatever their class (the kernel
+// refuses their opens; these got in before the GPU was shared, or before
+// the kernel knew their cgroup): killed and journaled through the gate's
+// executor. Host processes and agents stay conflicts, never preempted.
+func (d *Daemon) preemptIntruders(gpu int, j sharing.Judgement, holders []occupancy.ProcInfo) bool {
+	var intruders []occupancy.ProcInfo
+	for _, c := range j.Conflicts {
+		for _, h := range holders {
+			if h.PID == c.PID && !h.Agent && (h.ContainerID != "" || h.PodUID != "") {
+				intruders = append(intruders, h)
+			}
+		}
+	}
+	if len(intruders) == 0 {
+		return false
+	}
+	n := d.gate.PreemptIntruders(gpu, intruders)
+	if n > 0 {
+		d.log.Warn("preempting workloads without a share from a GPU shared by memory", "gpu", gpu, "processes", n)
+	}
+	return n > 0
+}
+
 func podIn(pods []sharing.PodRef, uid string) bool {
 	for _, p := range pods {
 		if p.UID == uid && uid != "" {
@@ -337,9 +365,23 @@ func (d *Daemon) decorateShares(f *v1.StateFile) {
 	}
 }
 
-// fenceShares tells the gate which GPUs each sharing pod may open: the
-// GPUs of its shares. A pod whose cgroup is not known yet is fenced on a
-// later judgement (every NVML sample, every registry change).
+// fenceNow reads the book and fences (fenceShares) under fenceMu; it
+// returns the shares by GPU it fenced for.
+func (d *Daemon) fenceNow() map[int][]sharing.Share {
+	d.shares.fenceMu.Lock()
+	defer d.shares.fenceMu.Unlock()
+	byGPU := map[int][]sharing.Share{}
+	for _, sh := range d.shares.book.Shares() {
+		byGPU[sh.GPU] = append(byGPU[sh.GPU], sh)
+	}
+	d.fenceShares(byGPU)
+	return byGPU
+}
+
+// fenceShares tells the gate which GPUs each sharing pod may open (the
+// GPUs of its shares) and which GPUs are shared. A pod whose cgroup is not
+// known yet is fenced as soon as the registry learns it (registryChanged),
+// before the kernel is told its class.
 func (d *Daemon) fenceShares(byGPU map[int][]sharing.Share) {
 	want := map[uint64][]int{}
 	for gpu, ss := range byGPU {
@@ -359,6 +401,9 @@ func (d *Daemon) fenceShares(byGPU map[int][]sharing.Share) {
 // registryChanged is the registry's change hook: the gate's class of the
 // cgroup, and, with shares, the fence of a pod whose cgroup became known.
 func (d *Daemon) registryChanged(cgroupID uint64, p occupancy.Priority) {
+	// The fence first: a claimant's cgroup classified before it is fenced
+	// in would be refused its own shared GPU.
+	d.fenceNow()
 	d.gate.ClassChanged(cgroupID, p)
 	d.kickShares()
 }

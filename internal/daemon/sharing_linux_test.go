@@ -177,9 +177,9 @@ func TestShareOverIsWarnedThenPreemptedForAPodWithinItsShare(t *testing.T) {
 }
 
 // A process of a pod with a share on GPU 0 that opens GPU 1 is refused in
-// the kernel; the same pod opens GPU 0, and a pod with no share opens
-// either. A holder of a shared GPU outside every share is shown as a
-// conflict.
+// the kernel; the same pod opens GPU 0, and a pod with no share opens GPU
+// 1 but not the shared GPU 0 (#32 class 5). A host process holding a
+// shared GPU outside every share is shown as a conflict.
 func TestSharePodFencedToItsGPUs(t *testing.T) {
 	e, _, book := sharingEnv(t)
 	e.start()
@@ -195,12 +195,16 @@ func TestSharePodFencedToItsGPUs(t *testing.T) {
 	if got := tryOpen(free.h, e.gpus[1].Path); got != "ok" {
 		t.Errorf("a pod with no share opening GPU 1: %s", got)
 	}
-	free.h.doInt("open %s", e.gpus[0].Path) // a whole-GPU owner on the shared GPU
+	if got := tryOpen(free.h, e.gpus[0].Path); !strings.Contains(got, "operation not permitted") {
+		t.Errorf("a pod with no share opening the shared GPU 0: %s", got)
+	}
+	host := startHelper(t)
+	host.doInt("open %s", e.gpus[0].Path) // a host process on the shared GPU
 	f := testutil.WaitStateFile(t, e.cfg.StateFile, 10*time.Second, func(f *v1.StateFile) bool {
 		return len(f.GPUs[0].ShareConflicts) == 1
 	})
-	if c := f.GPUs[0].ShareConflicts[0]; c.PID != free.h.pid() || c.PodUID != free.uid {
-		t.Errorf("conflict %+v, want the pod with no share", c)
+	if c := f.GPUs[0].ShareConflicts[0]; c.PID != host.pid() || c.PodUID != "" {
+		t.Errorf("conflict %+v, want the host process", c)
 	}
 	testutil.Eventually(t, 5*time.Second, "the conflict logged", func() bool {
 		return strings.Contains(e.logs.String(), "a process holds a shared GPU outside every share")

@@ -21,7 +21,9 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/utils/ptr"
@@ -353,6 +355,7 @@ func (d *Driver) Run(ctx context.Context) error {
 	d.helper, d.started = h, time.Now()
 	d.mu.Unlock()
 	d.cfg.Log.Info("DRA driver registering with kubelet", "driver", DriverName, "plugin_dir", d.cfg.PluginDir, "claims", len(d.claims))
+	go d.WatchClaims(ctx)
 	d.publish(ctx)
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
@@ -480,8 +483,12 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 	changed := false
 	for _, c := range claims {
 		uid := string(c.UID)
-		if rec, ok := d.claims[uid]; ok {
+		if _, ok := d.claims[uid]; ok {
 			d.stats.AlreadyPrepared++
+			// Asked again for a later pod: the claim as kubelet has it now
+			// may name it.
+			d.reservedLocked(c)
+			rec := d.claims[uid]
 			if err := d.writeCDILocked(uid, rec.Shares, gpus); err != nil {
 				out[c.UID] = kubeletplugin.PrepareResult{Err: err}
 				continue
@@ -530,18 +537,100 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 	return out, nil
 }
 
+// WatchClaims follows the ResourceClaims until ctx ends and gives each
+// prepared claim every pod it is reserved for (Reserved). kubelet prepares
+// a claim once, for its first pod: a later pod that references the same
+// claim is never named to the driver, only in the claim's
+// status.reservedFor, which the scheduler writes before the pod is bound
+// (so before its containers start).
+func (d *Driver) WatchClaims(ctx context.Context) {
+	f := informers.NewSharedInformerFactory(d.cfg.Client, 0)
+	inf := f.Resource().V1().ResourceClaims().Informer()
+	on := func(obj any) {
+		if c, ok := obj.(*resourceapi.ResourceClaim); ok {
+			d.Reserved(c)
+		}
+	}
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    on,
+		UpdateFunc: func(_, obj any) { on(obj) },
+	}); err != nil {
+		d.cfg.Log.Error("watching ResourceClaims: a claim's second pod is not given its share", "error", err)
+		return
+	}
+	f.Start(ctx.Done())
+	<-ctx.Done()
+	f.Shutdown()
+}
+
+// Reserved records the pods a prepared claim is now reserved for (its
+// status.reservedFor) in its shares: each gets the claim's share and its
+// fence. A pod is added, never removed while the claim is prepared here:
+// the reservation of a pod that ended is dropped while its containers may
+// still be stopping, and a pod no longer running holds nothing. Claims not
+// prepared on this node are ignored.
+func (d *Driver) Reserved(c *resourceapi.ResourceClaim) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.reservedLocked(c)
+}
+
+func (d *Driver) reservedLocked(c *resourceapi.ResourceClaim) {
+	uid := string(c.UID)
+	rec, ok := d.claims[uid]
+	if !ok || len(rec.Shares) == 0 {
+		return
+	}
+	have := map[string]bool{}
+	for _, p := range rec.Shares[0].Pods {
+		have[p.UID] = true
+	}
+	var added []sharing.PodRef
+	for _, p := range reservedPods(c) {
+		if !have[p.UID] {
+			have[p.UID] = true
+			added = append(added, p)
+		}
+	}
+	if len(added) == 0 {
+		return
+	}
+	old := rec
+	rec.Shares = slices.Clone(rec.Shares)
+	for i := range rec.Shares {
+		rec.Shares[i].Pods = append(slices.Clone(rec.Shares[i].Pods), added...)
+	}
+	d.claims[uid] = rec
+	if err := d.saveLocked(); err != nil {
+		d.claims[uid] = old // tried again at the claim's next update
+		d.cfg.Log.Warn("a claim's new pod is not given its share: checkpoint", "claim", c.Namespace+"/"+c.Name, "claim_uid", uid, "error", err)
+		return
+	}
+	d.cfg.Book.Set(uid, rec.Shares)
+	for _, p := range added {
+		d.cfg.Log.Info("claim reserved for another pod: it shares the claim's GPUs", "claim", c.Namespace+"/"+c.Name, "claim_uid", uid,
+			"pod_namespace", p.Namespace, "pod", p.Name, "pod_uid", p.UID)
+	}
+}
+
+// reservedPods returns the pods a claim is reserved for.
+func reservedPods(c *resourceapi.ResourceClaim) []sharing.PodRef {
+	var pods []sharing.PodRef
+	for _, r := range c.Status.ReservedFor {
+		if r.Resource == "pods" && r.APIGroup == "" && r.UID != "" {
+			pods = append(pods, sharing.PodRef{UID: string(r.UID), Namespace: c.Namespace, Name: r.Name})
+		}
+	}
+	return pods
+}
+
 // prepareOne reads the claim's allocation on this node.
 func (d *Driver) prepareOne(c *resourceapi.ResourceClaim, gpus map[string]GPU) (claimRecord, error) {
 	rec := claimRecord{Namespace: c.Namespace, Name: c.Name, PreparedAt: time.Now().UTC()}
 	if c.Status.Allocation == nil {
 		return rec, fmt.Errorf("dra: claim %s/%s is not allocated", c.Namespace, c.Name)
 	}
-	var pods []sharing.PodRef
-	for _, r := range c.Status.ReservedFor {
-		if r.Resource == "pods" && r.APIGroup == "" {
-			pods = append(pods, sharing.PodRef{UID: string(r.UID), Namespace: c.Namespace, Name: r.Name})
-		}
-	}
+	pods := reservedPods(c)
 	for _, r := range c.Status.Allocation.Devices.Results {
 		if r.Driver != DriverName {
 			continue

@@ -3,16 +3,18 @@ package gate
 import (
 	"errors"
 	"log/slog"
+	"path/filepath"
 	"sync/atomic"
 
 	"github.com/gpud/gpud/bpf"
+	"github.com/gpud/gpud/internal/cgroups"
 	"github.com/gpud/gpud/internal/occupancy"
 )
 
 // CgroupExpecter is the kernel's side of classes known before a cgroup
 // exists (bpf.Monitor): the cgroup_mkdir program applies them.
 type CgroupExpecter interface {
-	ExpectCgroup(name string, prio uint32) error
+	ExpectCgroup(name string, prio uint32, parents []uint64) error
 	UnexpectCgroup(name string) error
 }
 
@@ -24,7 +26,10 @@ type CgroupExpecter interface {
 // the cgroup id found later and to the after-the-fact rule.
 type Expectations struct {
 	Kernel CgroupExpecter
-	Log    *slog.Logger
+	// CgroupRoot is the cgroup v2 mount: the runtime's parent cgroups a
+	// name is expected in (cgroups.ExpectedParents) are looked up there.
+	CgroupRoot string
+	Log        *slog.Logger
 
 	Failures atomic.Uint64 // names the kernel was not told
 }
@@ -33,11 +38,21 @@ type Expectations struct {
 func (e *Expectations) Set(names []string, p occupancy.Priority) {
 	for _, n := range names {
 		var err error
-		switch p {
+		class, parents := p, e.parents(n)
+		if len(parents) == 0 {
+			// No runtime parent of this name exists (yet): nothing can
+			// be made in its place, and the name anywhere else is a
+			// look-alike. The workload is classified once user space
+			// sees it start, as when the map is full.
+			class = ""
+		}
+		switch class {
 		case occupancy.High:
-			err = e.Kernel.ExpectCgroup(n, bpf.PrioHigh)
+			err = e.Kernel.ExpectCgroup(n, bpf.PrioHigh, parents)
 		case occupancy.Low:
-			err = e.Kernel.ExpectCgroup(n, bpf.PrioLow)
+			err = e.Kernel.ExpectCgroup(n, bpf.PrioLow, parents)
+		case occupancy.Unmanaged, occupancy.Unclassified:
+			err = e.Kernel.ExpectCgroup(n, bpf.PrioWorkload, parents)
 		default:
 			err = e.Kernel.UnexpectCgroup(n)
 		}
@@ -51,4 +66,17 @@ func (e *Expectations) Set(names []string, p occupancy.Priority) {
 				"cgroup_name", n, "priority", string(p), "error", err, "failures", f)
 		}
 	}
+}
+
+// parents returns the ids of the existing cgroups a runtime makes a cgroup
+// of this leaf name in (at most bpf.ExpectParents): none for a name no
+// runtime gives, or while none of its parents exists.
+func (e *Expectations) parents(name string) []uint64 {
+	var out []uint64
+	for _, p := range cgroups.ExpectedParents(name) {
+		if id, err := cgroups.ID(filepath.Join(e.CgroupRoot, p)); err == nil && len(out) < bpf.ExpectParents {
+			out = append(out, id)
+		}
+	}
+	return out
 }

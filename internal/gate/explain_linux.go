@@ -155,7 +155,16 @@ func (c *Controller) why(w workload.Workload, known bool, class occupancy.Priori
 	}
 	switch reason {
 	case workload.ReasonAgent:
-		return "a system agent (--agent-comms as root, or a pod of --agent-namespaces): never a holder, never preempted, never refused"
+		// The same marks AgentProc reads; the kernel gate never classifies
+		// an agent's cgroup, so "never refused" is the kernel's verdict too.
+		const never = ": never a holder, never preempted, never refused (the gate does not classify its cgroup)"
+		switch {
+		case known && w.Agent && w.PodUID != "":
+			return fmt.Sprintf("a system agent: a pod of agent namespace %s (--agent-namespaces)%s", w.Namespace, never)
+		case known && w.Agent:
+			return fmt.Sprintf("a system agent: a container started with the label %s=true%s", workload.LabelAgent, never)
+		}
+		return "a system agent: a root host process outside every workload, named in --agent-comms" + never
 	case workload.ReasonLabel:
 		if w.ContainerID == "" && w.PodUID == "" {
 			return "its cgroup was classified " + string(class)

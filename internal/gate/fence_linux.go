@@ -1,11 +1,15 @@
 package gate
 
 import (
+	"fmt"
 	"maps"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/gpud/gpud/bpf"
+	"github.com/gpud/gpud/internal/occupancy"
+	"github.com/gpud/gpud/internal/preempt"
 )
 
 // fences is what the gate was told of sharing pods: the GPUs each pod's
@@ -14,7 +18,13 @@ type fences struct {
 	mu     sync.Mutex
 	set    map[uint64]bpf.GPUSet
 	shared map[int]bool
+	// refused: the (cgroup, GPU) refusals of a shared GPU already logged;
+	// bounded (cleared when full), so a workload retrying is logged once.
+	refused map[[2]uint64]bool
 }
+
+// maxRefusedLogged bounds fences.refused.
+const maxRefusedLogged = 1024
 
 // shared reports whether gpu is shared by memory (it has DRA shares): the
 // rule table does not apply to it, the share rule does. In the kernel, a
@@ -25,12 +35,17 @@ func (c *Controller) shared(gpu int) bool {
 	return c.fences.shared[gpu]
 }
 
-// SetShared records the GPUs shared by memory and, when that changed,
-// pushes their policy to the kernel at once: called as claims are
-// prepared, before their pods' containers start, so that no open of a
-// shared GPU is judged by the table.
-func (c *Controller) SetShared(shared []int) {
+// FenceShares records the shared GPUs and makes the kernel's share fence
+// want: each cgroup (a pod's with GPU memory shares) may open only the
+// GPUs listed for it, while the gate enforces; a cgroup not in want is not
+// fenced. Only the changes reach the kernel.
+//
+// The fences go first and the shared GPUs' policy after them (pushed at
+// once when it changed): a GPU becomes shared only once its claimants are
+// fenced in, or the kernel would refuse them as workloads without a share.
+func (c *Controller) FenceShares(shared []int, want map[uint64][]int) {
 	c.fences.mu.Lock()
+	c.fenceLocked(want)
 	now := map[int]bool{}
 	for _, g := range shared {
 		now[g] = true
@@ -43,17 +58,7 @@ func (c *Controller) SetShared(shared []int) {
 	}
 }
 
-// FenceShares records the shared GPUs and makes the kernel's share fence
-// want: each cgroup (a pod's with GPU memory shares) may open only the
-// GPUs listed for it, while the gate enforces; a cgroup not in want is not
-// fenced. Only the changes reach the kernel.
-func (c *Controller) FenceShares(shared []int, want map[uint64][]int) {
-	c.fences.mu.Lock()
-	defer c.fences.mu.Unlock()
-	c.fences.shared = map[int]bool{}
-	for _, g := range shared {
-		c.fences.shared[g] = true
-	}
+func (c *Controller) fenceLocked(want map[uint64][]int) {
 	if c.fences.set == nil {
 		c.fences.set = map[uint64]bpf.GPUSet{}
 	}
@@ -85,4 +90,50 @@ func (c *Controller) FenceShares(shared []int, want map[uint64][]int) {
 			c.Log.Warn("fencing a sharing pod to its GPUs: it may open other GPUs", "cgroup_id", cg, "error", err)
 		}
 	}
+}
+
+// shareRefused handles the kernel's refusal of a shared GPU to a workload
+// without a share of it: counted, logged once per workload and GPU.
+func (c *Controller) shareRefused(ev *bpf.Event) {
+	c.ShareRefusals.Add(1)
+	k := [2]uint64{ev.CgroupID, uint64(ev.GPU)}
+	c.fences.mu.Lock()
+	if c.fences.refused == nil || len(c.fences.refused) >= maxRefusedLogged {
+		c.fences.refused = map[[2]uint64]bool{}
+	}
+	logged := c.fences.refused[k]
+	c.fences.refused[k] = true
+	c.fences.mu.Unlock()
+	if logged {
+		return
+	}
+	opener := c.opener(ev)
+	c.Log.Warn("refused a shared GPU to a workload without a share of it",
+		"gpu", ev.GPU, "cgroup_id", ev.CgroupID, "pid", opener.PID, "comm", opener.Comm,
+		"container_id", opener.ContainerID, "pod_uid", opener.PodUID, "priority", string(opener.Priority))
+}
+
+// IntruderRule names, in preemption records, the rule that removes a
+// workload without a share from a GPU shared by memory.
+const IntruderRule = "a workload without a share holds a GPU shared by memory: kill"
+
+// PreemptIntruders preempts holders of the shared GPU gpu that are
+// workloads without a share of it (in before it became shared, or before
+// the kernel knew their cgroup), whatever their class: the caller names
+// them; agents and host processes are never taken. It returns how many
+// were new.
+func (c *Controller) PreemptIntruders(gpu int, holders []occupancy.ProcInfo) int {
+	var victims []preempt.Victim
+	for _, h := range holders {
+		if h.Agent || (h.ContainerID == "" && h.PodUID == "") {
+			continue
+		}
+		if v := c.victim(h, fmt.Sprintf("holds GPU %d, shared by memory, without a share of it", gpu)); !c.Exec.Handled(v) {
+			victims = append(victims, v)
+		}
+	}
+	if len(victims) > 0 {
+		c.Exec.Preempt(c.context(), gpu, IntruderRule, preempt.Party{}, victims, time.Now(), nil)
+	}
+	return len(victims)
 }

@@ -67,6 +67,14 @@ type Controller struct {
 	Denials  atomic.Uint64 // refusals recorded
 	Rejudged atomic.Uint64 // holders preempted by Rejudge
 
+	// SharedOpened is called when a GPU shared by memory was opened (the
+	// daemon's share judgement then finds holders without a share).
+	SharedOpened func(gpu int)
+	// ShareRefusals counts opens of a shared GPU the kernel refused to a
+	// workload without a share of it (reports, at most one per workload
+	// and GPU per 100 ms).
+	ShareRefusals atomic.Uint64
+
 	judging atomic.Bool // Rejudge acts (Judge was called)
 	fences  fences      // sharing pods' GPUs, as the kernel has them
 
@@ -148,10 +156,22 @@ func party(info occupancy.ProcInfo, taskID string) preempt.Party {
 }
 
 func (c *Controller) taskID(info occupancy.ProcInfo) string {
-	if w, ok := c.Registry.Lookup(info); ok {
-		return w.TaskID
+	_, task := c.task(info)
+	return task
+}
+
+// task names a process's task as its kill records and checkpoint
+// directory do: its pod's namespace with its task id ("" for a Docker
+// container's, as workload gives a reclaim target's namespace).
+func (c *Controller) task(info occupancy.ProcInfo) (namespace, taskID string) {
+	w, ok := c.Registry.Lookup(info)
+	if !ok {
+		return "", ""
 	}
-	return ""
+	if w.PodUID != "" {
+		namespace = w.Namespace
+	}
+	return namespace, w.TaskID
 }
 
 // workload names what a process's reclaim acts on: its pod when gpud knows
@@ -170,10 +190,12 @@ func (c *Controller) victim(info occupancy.ProcInfo, reason string) preempt.Vict
 	v := preempt.Victim{ProcInfo: info, TaskID: c.taskID(info), Workload: c.workload(info, reason)}
 	if w, ok := c.Registry.Lookup(info); ok {
 		v.WorkloadCgroup, v.LivenessProbe = w.CgroupID, w.LivenessProbe
-		if w.PreemptMode != "" {
+		// A mode the workload's namespace may not choose is no choice
+		// (Registry.PreemptMode): the node's mode applies.
+		if pm := c.Registry.PreemptMode(w); pm != "" {
 			// A malformed label gets the node's mode: it only chooses
 			// between two ways of preempting.
-			if m, err := preempt.ParseMode(w.PreemptMode); err == nil {
+			if m, err := preempt.ParseMode(pm); err == nil {
 				v.Mode = m
 			} else {
 				c.Log.Warn("ignoring the workload's preempt-mode label", "label", workload.LabelPreemptMode, "error", err)
@@ -274,6 +296,10 @@ func (c *Controller) HandleEvent(ev *bpf.Event) {
 			return party(o, c.taskID(o))
 		}, victims, c.Wall(ev.Mono))
 	case bpf.EventDeny:
+		if c.shared(gpu) {
+			c.shareRefused(ev)
+			return // no waiter: a shared GPU is not freed for a workload without a share
+		}
 		opener := c.opener(ev)
 		target := c.workload(opener, fmt.Sprintf("refused GPU %d, held by high priority", gpu))
 		if c.addWaiter(gpu, waiter{cgroupID: ev.CgroupID, containerID: opener.ContainerID, workload: target.Key(), since: c.Wall(ev.Mono)}) {
@@ -389,11 +415,11 @@ func (c *Controller) openReported(ev *bpf.Event) {
 // resume mark, a reservation's fulfilment, and the rules for opens the
 // gate could not judge (a workload classified only after its open).
 func (c *Controller) Opened(info occupancy.ProcInfo, gpu int, ev *bpf.Event) {
-	if task := c.taskID(info); task != "" && c.Exec.Journal != nil {
-		if rec, ok, err := c.Exec.Journal.Resumed(task, time.Now()); err != nil {
-			c.Log.Error("marking resumed", "task_id", task, "error", err)
+	if ns, task := c.task(info); task != "" && c.Exec.Journal != nil {
+		if rec, ok, err := c.Exec.Journal.Resumed(ns, task, time.Now()); err != nil {
+			c.Log.Error("marking resumed", "namespace", ns, "task_id", task, "error", err)
 		} else if ok {
-			c.Log.Info("preempted task resumed", "task_id", task, "record_id", rec.ID, "gpu", gpu)
+			c.Log.Info("preempted task resumed", "namespace", ns, "task_id", task, "record_id", rec.ID, "gpu", gpu)
 			if c.Changed != nil {
 				c.Changed()
 			}
@@ -402,7 +428,13 @@ func (c *Controller) Opened(info occupancy.ProcInfo, gpu int, ev *bpf.Event) {
 	c.fulfil(gpu, ev.CgroupID, info.ContainerID)
 
 	if c.shared(gpu) {
-		return // shared by memory: the share rule judges its holders, not the table
+		// Shared by memory: the share rule judges its holders, not the
+		// table; a workload without a share of it (in before it was
+		// shared, or before the kernel knew its cgroup) goes there.
+		if c.SharedOpened != nil {
+			c.SharedOpened(gpu)
+		}
+		return
 	}
 	counts := c.Ledger.CountsOf(gpu)
 	switch info.Priority {
@@ -562,8 +594,9 @@ func (c *Controller) Rejudge(why string) int {
 }
 
 // ClassChanged is the registry's hook (workload.Registry.OnChange): the
-// gate learns a cgroup's class (p is high, low, or "" for no longer
-// classified), and the holders are classified again.
+// gate learns a cgroup's class (p is high, low, unmanaged for a workload of
+// no enforced class, or "" for no longer classified), and the holders are
+// classified again.
 func (c *Controller) ClassChanged(cgroupID uint64, p occupancy.Priority) {
 	var err error
 	switch p {
@@ -571,6 +604,10 @@ func (c *Controller) ClassChanged(cgroupID uint64, p occupancy.Priority) {
 		err = c.Kernel.SetCgroupPriority(cgroupID, bpf.PrioHigh)
 	case occupancy.Low:
 		err = c.Kernel.SetCgroupPriority(cgroupID, bpf.PrioLow)
+	case occupancy.Unmanaged, occupancy.Unclassified:
+		// A workload of no enforced class: the table ignores it, a GPU
+		// shared by memory refuses it unless its fence lets it in.
+		err = c.Kernel.SetCgroupPriority(cgroupID, bpf.PrioWorkload)
 	default:
 		err = c.Kernel.ForgetCgroup(cgroupID)
 	}

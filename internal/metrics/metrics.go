@@ -101,8 +101,23 @@ type Snapshot struct {
 	Registrations uint64
 	Lent          int
 	Malformed     uint64 // malformed gpud.io/priority labels seen
+
+	// IgnoredLabels: workloads whose gpud.io/ labels were ignored, by
+	// reason: "image" (declared by the container's image, not given to
+	// it), "preempt_mode" (a mode its namespace may not choose); each once.
+	IgnoredLabels map[string]uint64
+
+	// LookalikeCgroups: cgroups named like a workload's that no runtime
+	// made, found holding or opening a GPU (each once).
+	LookalikeCgroups uint64
+	// ShareRefusals: opens of a GPU shared by memory the kernel refused to
+	// a workload without a share of it.
+	ShareRefusals uint64
 	Monitoring    bool
 	Enforcing     bool
+	// ConfigReloadsRefused: SIGHUPs whose settings were refused (a bad
+	// value, an unsafe or unreadable settings file): the running ones stay.
+	ConfigReloadsRefused uint64
 	// Writes that failed (a full disk): each is retried until it succeeds.
 	StateWriteFailures   uint64
 	JournalWriteFailures uint64
@@ -118,6 +133,19 @@ type Snapshot struct {
 	// HooksComplete: every change is reported by an event.
 	HooksMode     string
 	HooksComplete bool
+	// HooksPassedFDs is when a GPU fd passed by SCM_RIGHTS is seen: at
+	// receipt by the "kprobe", the "sock" tracepoints or the "syscalls"
+	// hooks, or at the "sweep".
+	HooksPassedFDs string
+	// KernelMaps is the use of the kernel maps that grow with the node's
+	// workloads and processes (sampled every few seconds).
+	KernelMaps []KernelMap
+}
+
+// KernelMap is one kernel map's use.
+type KernelMap struct {
+	Name              string
+	Entries, Capacity int
 }
 
 // GPULabels are a GPU's labels, as dcgm-exporter names them.
@@ -167,12 +195,15 @@ type Metrics struct {
 	gpuInfo, gpuState, idle, holders, workloadHolders *prometheus.Desc
 	events, dropped, resyncs, registered, regs        *prometheus.Desc
 	lent, malformed, monitoring, enforcing            *prometheus.Desc
+	lookalikes, ignoredLabels, shareRefusals          *prometheus.Desc
+	reloadsRefused                                    *prometheus.Desc
 	stateFailures, journalFailures, journalPending    *prometheus.Desc
 	gpuEnforced                                       *prometheus.Desc
 	memTotal, memUsed, workloadMem, healthy, healthEv *prometheus.Desc
 	nvml, leftAlone, lendable                         *prometheus.Desc
 	shareBytes, shareOver, shareOvers, sharePreempts  *prometheus.Desc
 	hooks                                             *prometheus.Desc
+	kmapEntries, kmapCapacity                         *prometheus.Desc
 }
 
 func desc(name, help string, labels ...string) *prometheus.Desc {
@@ -213,6 +244,10 @@ func New(version string, src Source) *Metrics {
 		regs:            desc("device_plugin_registrations_total", "Successful registrations with kubelet (one more after each kubelet restart)."),
 		lent:            desc("lent_gpus", "GPUs currently lent to a borrower pod."),
 		malformed:       desc("malformed_labels_total", "Workloads seen with a malformed gpud.io/priority label (each once)."),
+		ignoredLabels:   desc("ignored_labels_total", "Workloads whose gpud.io/ label was ignored (each once), by reason: image (declared by the container's image, not given to the container), preempt_mode (a preempt mode its namespace may not choose).", "reason"),
+		shareRefusals:   desc("gpu_share_refusals_total", "Opens of a GPU shared by memory (DRA) the kernel refused to a workload without a share of it."),
+		lookalikes:      desc("identity_lookalike_cgroups_total", "Cgroups named like a container's or pod's but not made by root where its runtime makes one (each once): their processes are host processes, never high, never killed for the workload they imitate."),
+		reloadsRefused:  desc("config_reloads_refused_total", "Settings reloads (SIGHUP) refused since gpud started: a bad value, or a settings file that is unreadable or that someone other than root could change; the running settings stay (see gpud's log)."),
 		monitoring:      desc("monitoring_enabled", "1 while kernel monitoring is switched on."),
 		enforcing:       desc("enforcing", "1 while the kernel gate enforces the priority rules."),
 		stateFailures:   desc("state_write_failures_total", "State file writes that failed (a full disk, say); each failure is retried on a timer until a write succeeds."),
@@ -230,7 +265,9 @@ func New(version string, src Source) *Metrics {
 		shareOver:       desc("gpu_memory_share_over", "1 while the pod uses more of the GPU's memory than its claim's share.", "gpu", "UUID", "device", "namespace", "pod", "claim"),
 		shareOvers:      desc("gpu_memory_share_overs_total", "Pods that went over their GPU memory share (each going over counted once)."),
 		sharePreempts:   desc("gpu_memory_share_preemptions_total", "Pods the share rule preempted: low priority, over their share, while a pod within its share needed the memory."),
-		hooks:           desc("kernel_hooks", "1 for the way GPU fds are observed: mode driver (nothing on the syscall path) or syscalls (every syscall on the node pays); complete false: some changes are found only by re-reading holders' fd tables.", "mode", "complete"),
+		hooks:           desc("kernel_hooks", "1 for the way GPU fds are observed: mode driver (nothing on the syscall path) or syscalls (every syscall on the node pays); complete false: some changes are found only by re-reading holders' fd tables; passed_fds: when a GPU fd passed by SCM_RIGHTS is seen, at receipt (kprobe, sock, syscalls) or at the periodic sweep (sweep).", "mode", "complete", "passed_fds"),
+		kmapEntries:     desc("kernel_map_entries", "Entries of a kernel map the protection depends on (cgroup_prio, expect_cgroup, share_fence, pending, holder_tgids), read every few seconds; a full one fails safe as docs/reliability.md says.", "map"),
+		kmapCapacity:    desc("kernel_map_capacity", "The entries a kernel map can hold (see gpud_kernel_map_entries).", "map"),
 		gpuEnforced:     desc("gpu_enforced", "1 while the kernel gate applies the priority rules to the GPU's opens; 0 under --enforce=false, with monitoring off, or when the gate cannot protect this GPU (see gpud's log).", "gpu", "UUID", "device"),
 	}
 	m.reg.MustRegister(m.opens, m.preemptions, m.latency, m.buildInfo, collector{m},
@@ -267,10 +304,10 @@ type collector struct{ m *Metrics }
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	m := c.m
 	for _, d := range []*prometheus.Desc{m.gpuInfo, m.gpuState, m.idle, m.holders, m.workloadHolders,
-		m.events, m.dropped, m.resyncs, m.registered, m.regs, m.lent, m.malformed, m.monitoring, m.enforcing, m.gpuEnforced,
+		m.events, m.dropped, m.resyncs, m.registered, m.regs, m.lent, m.malformed, m.lookalikes, m.shareRefusals, m.ignoredLabels, m.reloadsRefused, m.monitoring, m.enforcing, m.gpuEnforced,
 		m.stateFailures, m.journalFailures, m.journalPending,
 		m.memTotal, m.memUsed, m.workloadMem, m.healthy, m.healthEv, m.nvml, m.leftAlone, m.lendable,
-		m.shareBytes, m.shareOver, m.shareOvers, m.sharePreempts, m.hooks} {
+		m.shareBytes, m.shareOver, m.shareOvers, m.sharePreempts, m.hooks, m.kmapEntries, m.kmapCapacity} {
 		ch <- d
 	}
 }
@@ -348,6 +385,12 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	counter(m.regs, s.Registrations)
 	gauge(m.lent, float64(s.Lent))
 	counter(m.malformed, s.Malformed)
+	counter(m.lookalikes, s.LookalikeCgroups)
+	counter(m.shareRefusals, s.ShareRefusals)
+	counter(m.reloadsRefused, s.ConfigReloadsRefused)
+	for _, r := range []string{"image", "preempt_mode"} {
+		counter(m.ignoredLabels, s.IgnoredLabels[r], r)
+	}
 	gauge(m.monitoring, b2f(s.Monitoring))
 	gauge(m.enforcing, b2f(s.Enforcing))
 	counter(m.stateFailures, s.StateWriteFailures)
@@ -357,7 +400,11 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	counter(m.shareOvers, s.ShareOvers)
 	counter(m.sharePreempts, s.SharePreemptions)
 	if s.HooksMode != "" {
-		gauge(m.hooks, 1, s.HooksMode, strconv.FormatBool(s.HooksComplete))
+		gauge(m.hooks, 1, s.HooksMode, strconv.FormatBool(s.HooksComplete), s.HooksPassedFDs)
+	}
+	for _, k := range s.KernelMaps {
+		gauge(m.kmapEntries, float64(k.Entries), k.Name)
+		gauge(m.kmapCapacity, float64(k.Capacity), k.Name)
 	}
 	for _, r := range slices.Sorted(maps.Keys(s.LeftAlone)) {
 		gauge(m.leftAlone, float64(s.LeftAlone[r]), r)

@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"bytes"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os/exec"
@@ -156,21 +157,63 @@ func TestSharesOfOneSeriesPerPodAndClaim(t *testing.T) {
 	}
 }
 
-// The kernel hooks' mode is one series, labelled with the mode and whether
-// every change is reported; none before the daemon knows it.
+// The kernel hooks' mode is one series, labelled with the mode, whether
+// every change is reported, and when a passed GPU fd is seen; none before
+// the daemon knows it.
 func TestKernelHooksGauge(t *testing.T) {
 	snap := Snapshot{}
 	m := New("v1", func() Snapshot { return snap })
 	if n := testutil.CollectAndCount(m.Registry(), "gpud_kernel_hooks"); n != 0 {
 		t.Errorf("hooks series without a mode: %d", n)
 	}
-	snap.HooksMode, snap.HooksComplete = "driver", false
+	snap.HooksMode, snap.HooksComplete, snap.HooksPassedFDs = "driver", false, "sock"
 	want := `
-# HELP gpud_kernel_hooks 1 for the way GPU fds are observed: mode driver (nothing on the syscall path) or syscalls (every syscall on the node pays); complete false: some changes are found only by re-reading holders' fd tables.
+# HELP gpud_kernel_hooks 1 for the way GPU fds are observed: mode driver (nothing on the syscall path) or syscalls (every syscall on the node pays); complete false: some changes are found only by re-reading holders' fd tables; passed_fds: when a GPU fd passed by SCM_RIGHTS is seen, at receipt (kprobe, sock, syscalls) or at the periodic sweep (sweep).
 # TYPE gpud_kernel_hooks gauge
-gpud_kernel_hooks{complete="false",mode="driver"} 1
+gpud_kernel_hooks{complete="false",mode="driver",passed_fds="sock"} 1
 `
 	if err := testutil.GatherAndCompare(m.Registry(), strings.NewReader(want), "gpud_kernel_hooks"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+func TestKernelMapGauges(t *testing.T) {
+	snap := Snapshot{KernelMaps: []KernelMap{{Name: "cgroup_prio", Entries: 65536, Capacity: 65536}, {Name: "pending", Entries: 3, Capacity: 16384}}}
+	m := New("v1", func() Snapshot { return snap })
+	for _, c := range []struct{ metric, want string }{
+		{"gpud_kernel_map_entries", `gpud_kernel_map_entries{map="cgroup_prio"} 65536
+gpud_kernel_map_entries{map="pending"} 3`},
+		{"gpud_kernel_map_capacity", `gpud_kernel_map_capacity{map="cgroup_prio"} 65536
+gpud_kernel_map_capacity{map="pending"} 16384`},
+	} {
+		var help string
+		switch c.metric {
+		case "gpud_kernel_map_entries":
+			help = "Entries of a kernel map the protection depends on (cgroup_prio, expect_cgroup, share_fence, pending, holder_tgids), read every few seconds; a full one fails safe as docs/reliability.md says."
+		default:
+			help = "The entries a kernel map can hold (see gpud_kernel_map_entries)."
+		}
+		want := "# HELP " + c.metric + " " + help + "\n# TYPE " + c.metric + " gauge\n" + c.want + "\n"
+		if err := testutil.GatherAndCompare(m.Registry(), strings.NewReader(want), c.metric); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// A refused settings reload (SIGHUP) is counted, from 0: an alert can
+// tell a node whose reloads stopped taking effect.
+func TestConfigReloadsRefusedCounter(t *testing.T) {
+	snap := Snapshot{}
+	m := New("v1", func() Snapshot { return snap })
+	for _, n := range []uint64{0, 2} {
+		snap.ConfigReloadsRefused = n
+		want := fmt.Sprintf(`
+# HELP gpud_config_reloads_refused_total Settings reloads (SIGHUP) refused since gpud started: a bad value, or a settings file that is unreadable or that someone other than root could change; the running settings stay (see gpud's log).
+# TYPE gpud_config_reloads_refused_total counter
+gpud_config_reloads_refused_total %d
+`, n)
+		if err := testutil.GatherAndCompare(m.Registry(), strings.NewReader(want), "gpud_config_reloads_refused_total"); err != nil {
+			t.Error(err)
+		}
 	}
 }

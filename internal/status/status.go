@@ -48,6 +48,7 @@ func renderTable(out io.Writer, f *v1.StateFile, now time.Time, wide bool) error
 	renderHealth(&w, f.Health, now)
 	renderSource(&w, f)
 	renderHooks(&w, f.Hooks)
+	renderKernelMaps(&w, f.KernelMaps)
 	fmt.Fprintln(&w)
 	tw := tabwriter.NewWriter(&w, 0, 0, 1, ' ', 0)
 	// cut shortens a name to n columns in the table, never in -o wide.
@@ -165,6 +166,9 @@ func renderHooks(w io.Writer, h *v1.StateHooks) {
 		line += " (nothing on the syscall path; missing " + strings.Join(missing, ", ") + ": closes found by re-reading holders' fds)"
 	}
 	fmt.Fprintln(w, line)
+	if h.PassedFDs != "" {
+		fmt.Fprintln(w, "passed GPU fds (SCM_RIGHTS) seen by "+printable(h.PassedFDs))
+	}
 }
 
 // renderGPUFacts lists what NVML says of each GPU (memory, health), why a

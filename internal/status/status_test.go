@@ -510,10 +510,32 @@ func TestRenderHooks(t *testing.T) {
 		{v1.StateHooks{Mode: "driver", Complete: true}, "kernel hooks driver (nothing on the syscall path)"},
 		{v1.StateHooks{Mode: "syscalls", Missing: []string{"gate (observe-only: the kernel refuses it)"}}, "kernel hooks syscalls (missing gate (observe-only: the kernel refuses it)"},
 		{v1.StateHooks{Mode: "driver", Missing: []string{"release (nvidia_close)"}}, "kernel hooks driver (nothing on the syscall path; missing release"},
+		{v1.StateHooks{Mode: "driver", PassedFDs: "sock tracepoints: at receipt"}, "passed GPU fds (SCM_RIGHTS) seen by sock tracepoints: at receipt"},
+		{v1.StateHooks{Mode: "driver", PassedFDs: "sweep only: within 1m0s"}, "passed GPU fds (SCM_RIGHTS) seen by sweep only: within 1m0s"},
 	} {
 		f.Hooks = &tc.hooks
 		if out := render(t, f); !strings.Contains(out, tc.want) {
 			t.Errorf("%+v: output lacks %q:\n%s", tc.hooks, tc.want, out)
+		}
+	}
+}
+
+func TestRenderKernelMaps(t *testing.T) {
+	f := realistic()
+	if out := render(t, f); strings.Contains(out, "KERNEL MAP") {
+		t.Errorf("kernel map warning without one in the file:\n%s", out)
+	}
+	f.KernelMaps = []v1.StateKernelMap{{Name: "cgroup_prio", Entries: 60000, Capacity: 65536,
+		Full: "new workloads are not classified in the kernel: the gate lets their opens through and gpud's after-the-fact rule judges them"}}
+	out := render(t, f)
+	for _, want := range []string{"KERNEL MAP NEARLY FULL  cgroup_prio 60000 of 65536 entries (91%)", "when full: new workloads", "after-the-fact rule judges them"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	for i, line := range strings.Split(out, "\n") {
+		if n := utf8.RuneCountInString(line); n > Width {
+			t.Errorf("line %d is %d columns: %q", i+1, n, line)
 		}
 	}
 }

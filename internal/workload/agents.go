@@ -14,14 +14,18 @@ import (
 // makes a GPU busy, never owns or borrows one, is never preempted and never
 // makes the gate refuse anyone.
 //
-// Both of its marks can be forged, so each counts only where forging it
-// takes privileges a tenant does not have:
-//   - a comm name (any process can set its own, prctl PR_SET_NAME) makes an
-//     agent only of a process whose real uid is 0 and that is not in a
-//     workload classified by a gpud.io/priority label or by lending; in a
-//     pod, only when the pod's namespace is an agent namespace;
+// Each mark counts only where forging it takes privileges a tenant does
+// not have:
+//   - a comm name (any process can set its own, prctl PR_SET_NAME, and a
+//     container's root can exec any program under any name) makes an agent
+//     only of a host process: real uid 0 and outside every workload (no
+//     container or pod in its cgroup path, e.g. a systemd unit). A
+//     workload's process is never an agent by name;
 //   - a pod label (anyone who can create a pod can set it) counts only in
-//     an agent namespace: creating pods there is the cluster admin's.
+//     an agent namespace: creating pods there is the cluster admin's;
+//   - a Docker container is an agent by the label gpud.io/agent=true given
+//     to the container itself (an image's LABEL does not count: the Docker
+//     source drops gpud.io/ labels its image declared).
 type Agents struct {
 	Comms      []string // process names (comm, at most 15 bytes), exact
 	Namespaces []string // pod namespaces whose pods may be agents

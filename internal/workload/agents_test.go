@@ -17,6 +17,7 @@ const (
 	ctrLow     = "c0ffee0000000000000000000000000000000000000000000000000000000001"
 	ctrPlain   = "c0ffee0000000000000000000000000000000000000000000000000000000002"
 	ctrUnknown = "c0ffee0000000000000000000000000000000000000000000000000000000003"
+	ctrAgent   = "c0ffee0000000000000000000000000000000000000000000000000000000004"
 	podTenant  = "11111111-1111-1111-1111-111111111111"
 	podDCGM    = "22222222-2222-2222-2222-222222222222"
 	podGFD     = "33333333-3333-3333-3333-333333333333"
@@ -38,6 +39,9 @@ func agentRegistry(t *testing.T) *Registry {
 	}
 	r.Put(Workload{ContainerID: ctrLow, Priority: r.Classify(ctrLow, map[string]string{LabelPriority: "low"}), CgroupID: 10})
 	r.Put(Workload{ContainerID: ctrPlain, Priority: r.Classify(ctrPlain, nil), CgroupID: 11})
+	agent := Workload{ContainerID: ctrAgent, CgroupID: 12}
+	agent.Priority, agent.Agent = r.ClassifyContainer(ctrAgent, map[string]string{LabelAgent: "true", LabelPriority: "high"})
+	r.Put(agent)
 	pod := func(uid, ns string, cg uint64, labels map[string]string) {
 		w := Workload{PodUID: uid, Namespace: ns, Name: uid[:4], CgroupID: cg}
 		w.Priority, w.Agent = r.ClassifyPod(uid, ns, labels)
@@ -93,9 +97,10 @@ func TestAgentPods(t *testing.T) {
 	}
 }
 
-// A comm name is anybody's to set (prctl PR_SET_NAME): only a root process
-// outside every labelled or lent workload, and in a pod only one of an
-// agent namespace, becomes an agent by it.
+// A comm name is anybody's to set (prctl PR_SET_NAME, or exec of a copy
+// named so): only a root host process, outside every workload, becomes an
+// agent by it; a workload's processes are agents by their workload's mark
+// alone (an agent pod, a container labelled gpud.io/agent=true).
 func TestAgentByCommTrust(t *testing.T) {
 	r := agentRegistry(t)
 	for _, tc := range []struct {
@@ -106,9 +111,14 @@ func TestAgentByCommTrust(t *testing.T) {
 	}{
 		{"root host process", occupancy.ProcInfo{Comm: "nvidia-persiste", Root: true}, true, occupancy.Unmanaged},
 		{"root nvidia-smi on the host", occupancy.ProcInfo{Comm: "nvidia-smi", Root: true}, true, occupancy.Unmanaged},
-		{"root in an unlabelled container", occupancy.ProcInfo{Comm: "dcgm-exporter", Root: true, ContainerID: ctrPlain}, true, occupancy.Unmanaged},
-		{"root in a container gpud does not know", occupancy.ProcInfo{Comm: "nv-hostengine", Root: true, ContainerID: ctrUnknown}, true, occupancy.Unmanaged},
-		{"root in an agent namespace's unlabelled pod", occupancy.ProcInfo{Comm: "gpu-feature-dis", Root: true, PodUID: podGFD}, true, occupancy.Unmanaged},
+		{"any process of a container labelled gpud.io/agent=true", occupancy.ProcInfo{Comm: "python", ContainerID: ctrAgent}, true, occupancy.Unmanaged},
+		{"root in an agent pod", occupancy.ProcInfo{Comm: "python", Root: true, PodUID: podDCGM}, true, occupancy.Unmanaged},
+
+		// A name never makes a workload's process an agent (#32): a
+		// container's root execs any program under any name.
+		{"root spoofer in an unlabelled container", occupancy.ProcInfo{Comm: "dcgm-exporter", Root: true, ContainerID: ctrPlain}, false, occupancy.Low},
+		{"root spoofer in a container gpud does not know", occupancy.ProcInfo{Comm: "nv-hostengine", Root: true, ContainerID: ctrUnknown}, false, occupancy.Low},
+		{"root in an agent namespace's pod that is no agent pod", occupancy.ProcInfo{Comm: "gpu-feature-dis", Root: true, PodUID: podGFD}, false, occupancy.Low},
 
 		{"non-root spoofer on the host", occupancy.ProcInfo{Comm: "nvidia-persiste", Root: false}, false, occupancy.Unmanaged},
 		{"non-root spoofer in an unlabelled container", occupancy.ProcInfo{Comm: "nvidia-persiste", ContainerID: ctrPlain}, false, occupancy.Low},
@@ -184,5 +194,39 @@ func TestAgentChecks(t *testing.T) {
 	}
 	if !(Agents{Namespaces: []string{"gpu-operator"}}).Pod("gpu-operator", nil) {
 		t.Error("no labels: every pod of an agent namespace is an agent")
+	}
+}
+
+// A container labelled gpud.io/agent=true is an agent whatever its other
+// labels and the default: Unmanaged, never given to the kernel gate (so
+// the kernel never refuses it, as Explain says), and a reload's default
+// leaves it so. Only "true" marks it.
+func TestAgentContainer(t *testing.T) {
+	r := agentRegistry(t)
+	var told []occupancy.Priority
+	r.OnChange = func(cg uint64, p occupancy.Priority) {
+		if cg == 12 {
+			told = append(told, p)
+		}
+	}
+	w, ok := r.Lookup(occupancy.ProcInfo{ContainerID: ctrAgent})
+	if !ok || !w.Agent || w.Priority != occupancy.Unmanaged {
+		t.Fatalf("the agent container: %+v %v", w, ok)
+	}
+	r.Put(w)
+	if len(told) != 1 || told[0] != "" {
+		t.Errorf("the gate was told %q for the agent container, want only \"\" (not classified)", told)
+	}
+	r.SetDefault(occupancy.High)
+	if w, _ := r.Lookup(occupancy.ProcInfo{ContainerID: ctrAgent}); !w.Agent || w.Priority != occupancy.Unmanaged {
+		t.Errorf("after SetDefault(high) the agent container is %+v", w)
+	}
+	if _, _, class, reason := r.Explain(occupancy.ProcInfo{ContainerID: ctrAgent}); reason != ReasonAgent || class != occupancy.Unmanaged {
+		t.Errorf("Explain: %s %s, want unmanaged agent", class, reason)
+	}
+	for _, v := range []string{"True", "1", "yes", " true", ""} {
+		if p, agent := r.ClassifyContainer("c", map[string]string{LabelAgent: v}); agent || p != occupancy.High {
+			t.Errorf("label %s=%q: class %s agent %v, want the default and no agent", LabelAgent, v, p, agent)
+		}
 	}
 }

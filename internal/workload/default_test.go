@@ -55,9 +55,11 @@ func TestSetDefaultReclassifies(t *testing.T) {
 		t.Errorf("the borrower's override was lost: %v", gate)
 	}
 
-	// Back to unmanaged: the gate forgets them ("" means unclassified).
+	// Back to unmanaged: the table no longer enforces them; the gate
+	// still knows them as workloads of no enforced class (a GPU shared by
+	// memory refuses them).
 	r.SetDefault(occupancy.Unmanaged)
-	if gate[1] != "" || gate[3] != "" || gate[2] != occupancy.High {
+	if gate[1] != occupancy.Unmanaged || gate[3] != occupancy.Unmanaged || gate[2] != occupancy.High {
 		t.Errorf("after SetDefault(unmanaged): %v", gate)
 	}
 	// A label added later is no longer defaulted.

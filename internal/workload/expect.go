@@ -81,7 +81,7 @@ func (r *Registry) syncExpectLocked(key string) {
 	}
 	var class occupancy.Priority
 	if w, ok := r.byContainer[key]; ok {
-		class = gateClass(r.effective(w).Priority)
+		class = gateClass(r.effective(w))
 	}
 	if class == e.sent {
 		r.mu.Unlock()

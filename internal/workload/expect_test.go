@@ -38,11 +38,13 @@ func TestExpectFollowsClass(t *testing.T) {
 	// A workload without the label follows the default.
 	r.Put(Workload{ContainerID: "c2", Priority: r.Classify("c2", nil)})
 	r.Expect("c2", []string{"c2"})
-	step("unmanaged by default")
+	// Unmanaged is a workload of no enforced class to the kernel (a GPU
+	// shared by memory refuses it), not "no class".
+	step("unmanaged by default", "[c2] unmanaged")
 	r.SetDefault(occupancy.High)
 	step("default high", "[c2] high")
 	r.SetDefault(occupancy.Unmanaged)
-	step("default unmanaged", "[c2] ")
+	step("default unmanaged", "[c2] unmanaged")
 
 	// A pod: lending overrides its class.
 	r.Put(Workload{PodUID: "u1", Priority: occupancy.High})

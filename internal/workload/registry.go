@@ -9,6 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"path"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -23,6 +25,12 @@ const (
 	// LabelPreemptMode chooses how the workload is preempted: kill or
 	// freeze (preempt.ParseMode); absent or malformed, --preempt-mode.
 	LabelPreemptMode = "gpud.io/preempt-mode"
+	// LabelAgent, exactly "true" on a Docker container the operator
+	// started, makes it a system agent (Agents); pods are agents by their
+	// namespace instead (anyone who may create a pod can label it).
+	LabelAgent = "gpud.io/agent"
+	// LabelPrefix begins every label gpud reads.
+	LabelPrefix = "gpud.io/"
 )
 
 // ErrBadLabel is returned for a priority label that is neither high nor low.
@@ -66,8 +74,17 @@ type Workload struct {
 	LivenessProbe bool
 	Priority      occupancy.Priority
 	CgroupID      uint64 // cgroup v2 id of the container or pod, 0 until known
-	// Agent: a pod of system agents (Agents.Pod); its Priority is
-	// Unmanaged, so the gate never hears of its cgroup.
+	// CgroupPath: a container's cgroup v2 path as its runtime reported it
+	// (Docker: its init process's cgroup, wherever --cgroup-parent put
+	// it); a process at or below it is the container's (ContainerAt).
+	CgroupPath string
+	// LiveLabels: the class and labels are the API server's current ones
+	// (the kube source). A runtime source (NRI, CRI) carries a pod's
+	// creation-time labels, never newer: it does not overrule them (Put).
+	LiveLabels bool
+	// Agent: a pod of system agents (Agents.Pod) or a container labelled
+	// gpud.io/agent=true (ClassifyContainer); its Priority is Unmanaged,
+	// so the gate never hears of its cgroup.
 	Agent bool
 }
 
@@ -91,15 +108,26 @@ type Registry struct {
 	Default occupancy.Priority // for workloads without the label
 	// Agents are the system agents (set before the sources start).
 	Agents Agents
-	Log    *slog.Logger
+	// Modes says which preempt modes workloads may choose by label.
+	Modes PreemptModes
+	Log   *slog.Logger
 	// OnChange is called for each cgroup whose class changed: prio is
-	// occupancy.High or occupancy.Low, or "" when it is no longer classified.
+	// occupancy.High or occupancy.Low, occupancy.Unmanaged for a workload
+	// of no enforced class (gateClass), or "" when it is no longer
+	// classified (gone, or an agent).
 	OnChange func(cgroupID uint64, prio occupancy.Priority)
 	// OnExpect is called when the class of cgroups not made yet changes
-	// (Expect): names are their leaf names, prio High, Low, or "" to forget.
+	// (Expect): names are their leaf names, prio as OnChange's (High, Low,
+	// Unmanaged for a workload of no enforced class), or "" to forget.
 	OnExpect func(names []string, prio occupancy.Priority)
 
 	MalformedSeen atomic.Uint64 // malformed labels seen (each container once)
+	// ImageLabelsDropped counts containers whose image declared gpud.io/
+	// labels, dropped by the Docker source (each container once).
+	ImageLabelsDropped atomic.Uint64
+	// ModesRefused counts workloads whose gpud.io/preempt-mode asked for a
+	// mode their namespace may not choose (PreemptModes; each once).
+	ModesRefused atomic.Uint64
 
 	mu          sync.Mutex
 	byContainer map[string]Workload
@@ -109,6 +137,8 @@ type Registry struct {
 	defaulted   map[string]bool               // keys Classify gave the default (no or malformed label)
 	expected    map[string]*expectation       // key → cgroup names expected (expect.go)
 	expMu       sync.Mutex                    // orders OnExpect calls
+	modeRefused map[string]bool               // workload and mode whose refusal was logged (modes.go)
+	byPath      map[string]string             // Workload.CgroupPath → its key
 }
 
 // effective applies a lending override to a workload's class.
@@ -139,7 +169,7 @@ func (r *Registry) Override(podUID string, p occupancy.Priority) {
 	w = r.effective(w)
 	r.mu.Unlock()
 	if ok && w.CgroupID != 0 && r.OnChange != nil {
-		r.OnChange(w.CgroupID, gateClass(w.Priority))
+		r.OnChange(w.CgroupID, gateClass(w))
 	}
 	r.syncExpect(PodKey(podUID))
 }
@@ -209,6 +239,22 @@ func (r *Registry) ClassifyPod(uid, namespace string, labels map[string]string) 
 	return r.Classify(key, labels), false
 }
 
+// ClassifyContainer returns a Docker container's class and whether it is a
+// system agent: a container labelled gpud.io/agent=true (by the operator
+// who started it: the source drops labels its image declared) is an agent,
+// Unmanaged whatever its priority label and --default-priority, so that
+// the kernel gate never hears of its cgroup; else Classify.
+func (r *Registry) ClassifyContainer(id string, labels map[string]string) (occupancy.Priority, bool) {
+	if labels[LabelAgent] == "true" {
+		r.mu.Lock()
+		delete(r.defaulted, id) // not a default class: a reload's SetDefault leaves it
+		delete(r.malformed, id)
+		r.mu.Unlock()
+		return occupancy.Unmanaged, true
+	}
+	return r.Classify(id, labels), false
+}
+
 func (r *Registry) def() occupancy.Priority {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -250,7 +296,7 @@ func (r *Registry) SetDefault(p occupancy.Priority) {
 	r.mu.Unlock()
 	for _, w := range changed {
 		if w.CgroupID != 0 && r.OnChange != nil {
-			r.OnChange(w.CgroupID, gateClass(w.Priority))
+			r.OnChange(w.CgroupID, gateClass(w))
 		}
 	}
 	r.syncExpect(keys...)
@@ -277,8 +323,28 @@ func (r *Registry) Put(w Workload) {
 		// A pod's probes cannot change; NRI and CRI do not see them.
 		w.LivenessProbe = true
 	}
+	if had && w.PodUID != "" && old.LiveLabels && !w.LiveLabels {
+		// NRI or CRI with the labels the pod had when it was made: the
+		// API server's, stored, are at least as new (a label changed
+		// since must not be undone at the pod's next CreateContainer).
+		// Only a cgroup id the stored pod lacks is taken.
+		cg := w.CgroupID
+		w = old
+		if w.CgroupID == 0 {
+			w.CgroupID = cg
+		}
+	}
 	if key != "" {
 		r.byContainer[key] = w
+	}
+	if had && old.CgroupPath != "" && old.CgroupPath != w.CgroupPath && r.byPath[old.CgroupPath] == key {
+		delete(r.byPath, old.CgroupPath)
+	}
+	if w.CgroupPath != "" && key != "" {
+		if r.byPath == nil {
+			r.byPath = map[string]string{}
+		}
+		r.byPath[w.CgroupPath] = key
 	}
 	if had && old.CgroupID != 0 && old.CgroupID != w.CgroupID {
 		delete(r.byCgroup, old.CgroupID)
@@ -298,16 +364,24 @@ func (r *Registry) Put(w Workload) {
 		r.mu.Lock()
 		e := r.effective(w)
 		r.mu.Unlock()
-		r.OnChange(w.CgroupID, gateClass(e.Priority))
+		r.OnChange(w.CgroupID, gateClass(e))
 	}
 }
 
-// gateClass is what the kernel gate is told: only high and low are enforced.
-func gateClass(p occupancy.Priority) occupancy.Priority {
-	if p == occupancy.High || p == occupancy.Low {
-		return p
+// gateClass is what the kernel gate is told of a workload (its effective
+// class): high and low are enforced by the rule table; any other workload
+// is Unmanaged there ("a workload of no enforced class"), which the table
+// ignores but a GPU shared by memory refuses unless the workload has a
+// share of it. An agent is "": the kernel never hears of it, as of a host
+// process.
+func gateClass(w Workload) occupancy.Priority {
+	switch {
+	case w.Agent:
+		return ""
+	case w.Priority == occupancy.High || w.Priority == occupancy.Low:
+		return w.Priority
 	}
-	return ""
+	return occupancy.Unmanaged
 }
 
 // RemovePod forgets a pod.
@@ -323,11 +397,35 @@ func (r *Registry) Remove(containerID string) {
 	if ok && w.CgroupID != 0 {
 		delete(r.byCgroup, w.CgroupID)
 	}
+	if ok && w.CgroupPath != "" && r.byPath[w.CgroupPath] == containerID {
+		delete(r.byPath, w.CgroupPath)
+	}
 	r.mu.Unlock()
 	if ok && w.CgroupID != 0 && r.OnChange != nil {
 		r.OnChange(w.CgroupID, "")
 	}
 	r.dropExpect(containerID)
+}
+
+// ContainerAt returns the container whose cgroup, as its runtime reported
+// it (Workload.CgroupPath), is v2Path or the nearest cgroup above it, and
+// that cgroup's path: a runtime's own word on where it put a container,
+// believed wherever the parent is (Docker's --cgroup-parent). The caller
+// checks the cgroup is root's (cgroups.Owned).
+func (r *Registry) ContainerAt(v2Path string) (id, dir string, ok bool) {
+	if !strings.HasPrefix(v2Path, "/") {
+		return "", "", false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for p := path.Clean(v2Path); p != "/"; p = path.Dir(p) {
+		if key, found := r.byPath[p]; found {
+			if w := r.byContainer[key]; w.ContainerID != "" {
+				return w.ContainerID, p, true
+			}
+		}
+	}
+	return "", "", false
 }
 
 // Lookup returns the workload a process belongs to: by container id, else by
@@ -408,13 +506,15 @@ func (r *Registry) ClassifyProc(info *occupancy.ProcInfo) {
 	}
 }
 
-// AgentProc reports whether a process is a system agent: in an agent pod,
-// or named as an agent (Agents.Comms) while it is root and its class could
-// not have come from anyone's choice: a host process, a container with no
-// or a malformed label, or an unlabelled pod of an agent namespace. A
-// process of a labelled or lent workload is never an agent by name, and
-// neither is one of an unknown pod (its namespace is not known yet): the
-// name is the process's own to set (prctl), the uid and the label are not.
+// AgentProc reports whether a process is a system agent, by marks no
+// workload can forge: its workload is an agent (a pod of an agent
+// namespace, Agents.Pod; a container the operator started with the label
+// gpud.io/agent=true, not from its image), or it is a host process outside
+// every workload (no container or pod in its cgroup path) named as an
+// agent (Agents.Comms) with real uid 0. A name never makes a workload's
+// process an agent: any root in a container can exec a program of any
+// name, and the kernel gate, which knows cgroups and not names, would
+// judge it by its workload's class anyway. Lent workloads are never agents.
 func (r *Registry) AgentProc(info occupancy.ProcInfo) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -430,21 +530,13 @@ func (r *Registry) AgentProc(info occupancy.ProcInfo) bool {
 	if known && raw.Agent {
 		return true
 	}
-	if !info.Root || !r.Agents.Comm(info.Comm) {
+	if known || info.ContainerID != "" || info.PodUID != "" {
+		// A workload's process (known or not yet): only its workload's
+		// mark counts. An unknown pod or container is judged again when
+		// its source learns it (Reclassify).
 		return false
 	}
-	switch {
-	case !known:
-		// A host process, or a container gpud does not know (no labels
-		// seen: nothing chose a class for it). An unknown pod waits for
-		// its namespace; Reclassify runs when the pod is learnt.
-		return info.PodUID == ""
-	case !r.defaulted[raw.key()]:
-		return false // its class came from its label
-	case raw.PodUID != "":
-		return r.Agents.Namespace(raw.Namespace)
-	}
-	return true
+	return info.Root && r.Agents.Comm(info.Comm)
 }
 
 func (r *Registry) classifyProc(info *occupancy.ProcInfo) {

@@ -77,7 +77,10 @@ func TestRegistryTracksCgroups(t *testing.T) {
 	r.Put(Workload{ContainerID: "a", Priority: occupancy.High, CgroupID: 12}) // restarted: new cgroup
 	r.Remove("a")
 	r.Remove("missing")
-	want := []change{{10, occupancy.Low}, {11, ""}, {10, ""}, {12, occupancy.High}, {12, ""}}
+	// An agent is never told to the kernel; an unmanaged workload is, as
+	// a workload of no enforced class (a shared GPU refuses it).
+	r.Put(Workload{ContainerID: "ag", Priority: occupancy.Unmanaged, Agent: true, CgroupID: 13})
+	want := []change{{10, occupancy.Low}, {11, occupancy.Unmanaged}, {10, ""}, {12, occupancy.High}, {12, ""}, {13, ""}}
 	if len(changes) != len(want) {
 		t.Fatalf("changes %v, want %v", changes, want)
 	}

@@ -36,6 +36,8 @@ func TestHelmChartSchemaRejectsBadValues(t *testing.T) {
 		{"--set=gpud.agentComms={nvidia-persistenced}", "/gpud/agentComms/0"}, // a comm keeps 15 bytes: never matches
 		{"--set=gpud.agentLabels={app}", "/gpud/agentLabels/0"},               // not key=value
 		{"--set=gpud.agentNamespaces={GPU_Operator}", "/gpud/agentNamespaces/0"},
+		{"--set=gpud.cgroupParents={kubelet.slice}", "/gpud/cgroupParents/0"}, // relative
+		{"--set=gpud.cgroupParents={/}", "/gpud/cgroupParents/0"},             // the root trusts every cgroup
 	} {
 		out, err := exec.Command(filepath.Join(root, "scripts/helm.sh"), "template", "gpud", chartDir(), tc.set).CombinedOutput()
 		if err == nil {
@@ -48,6 +50,7 @@ func TestHelmChartSchemaRejectsBadValues(t *testing.T) {
 	}
 	// Good values of the same keys render.
 	render(t, "--set", "gpud.idleAfter=1h30m,gpud.failOpenAfter=0s,gpud.monitoring=false,gpud.pprofAddr=127.0.0.1:6060,affinity=null",
+		"--set", "gpud.cgroupParents={/kubelet/kubepods,/kubelet.slice/kubelet-kubepods.slice}",
 		"--set", "admissionPolicy.enabled=true,admissionPolicy.validationActions={Warn,Audit}")
 }
 

@@ -137,6 +137,14 @@ func memQty(t *testing.T, s string) uint64 {
 // the chart mounts; it returns the double and gpud's pod.
 func deploySharing(t *testing.T) (*testutil.NVMLDouble, string) {
 	t.Helper()
+	double, gp, _ := deploySharingDev(t)
+	return double, gp
+}
+
+// deploySharingDev is deploySharing that also returns the fake GPUs'
+// device directory (nvidia0: GPU 0, shareUUID0; nvidia1: GPU 1).
+func deploySharingDev(t *testing.T) (*testutil.NVMLDouble, string, string) {
+	t.Helper()
 	dev, _ := fakeGPU(t)
 	if err := unix.Mknod(filepath.Join(dev, "nvidia1"), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 7))); err != nil {
 		t.Fatal(err)
@@ -149,7 +157,7 @@ func deploySharing(t *testing.T) (*testutil.NVMLDouble, string) {
 	gp := deployChart(t, dev, "dra.enabled=true", "dra.memoryReserve=0Mi", "hostPaths.driverRoot="+root,
 		"hostPaths.kubeletPlugins="+filepath.Join(kr, "plugins"), "hostPaths.kubeletPluginsRegistry="+filepath.Join(kr, "plugins_registry"),
 		"dra.cdiDir="+env(t, "CDI_SPEC_DIR"))
-	return double, gp
+	return double, gp, dev
 }
 
 // GPU sharing by memory, end to end: gpud from its chart with

@@ -252,7 +252,7 @@ func TestHelmChartRendersTheBase(t *testing.T) {
 	// are; the chart passes them all as flags, which win over the file.
 	// --uninstall is an admin's one-off action.)
 	all := objects(t, render(t, "--set", "devicePlugin.enabled=true,dra.enabled=true,serviceMonitor.enabled=true,gpud.monitoring=false",
-		"--set", "gpud.nodeName=n,gpud.cgroupRoot=/c,gpud.kubeconfig=/k,gpud.criEndpoint=/r,gpud.metricsAddr=127.0.0.1:9408,gpud.pprofAddr=127.0.0.1:6060"))
+		"--set", "gpud.nodeName=n,gpud.cgroupRoot=/c,gpud.kubeconfig=/k,gpud.criEndpoint=/r,gpud.metricsAddr=127.0.0.1:9410,gpud.pprofAddr=127.0.0.1:6060"))
 	args := strings.Join(all["DaemonSet"].Spec.Template.Spec.Containers[0].Args, " ") + " "
 	for _, f := range runFlags(t) {
 		if f != "config" && f != "uninstall" && !strings.Contains(args, " --"+f+"=") {
@@ -265,12 +265,26 @@ func TestHelmChartRendersTheBase(t *testing.T) {
 	if _, ok := all["Service"]; !ok {
 		t.Error("serviceMonitor.enabled renders no Service")
 	}
-	if p := all["DaemonSet"].Spec.Template.Metadata.Annotations["prometheus.io/port"]; p != "9408" {
+	if p := all["DaemonSet"].Spec.Template.Metadata.Annotations["prometheus.io/port"]; p != "9410" {
 		t.Errorf("scrape port %q, want the one of gpud.metricsAddr", p)
 	}
 	none := objects(t, render(t, "--set", "gpud.metricsAddr="))
-	if c := none["DaemonSet"].Spec.Template.Spec.Containers[0]; c.ReadinessProbe != nil || len(c.Ports) != 0 || none["DaemonSet"].Spec.Template.Metadata.Annotations != nil {
-		t.Errorf("metrics off but probes, ports or annotations: %+v", c)
+	if c := none["DaemonSet"].Spec.Template.Spec.Containers[0]; len(c.Ports) != 0 || none["DaemonSet"].Spec.Template.Metadata.Annotations != nil {
+		t.Errorf("metrics off but ports or annotations: %+v", c)
+	}
+	// kubelet's probes never use the metrics port (any pod reaches it and
+	// could fill its slots): the loopback health port, metrics on or off,
+	// credentials or not.
+	for what, set := range map[string]string{"default": "createNamespace=true", "metrics off": "gpud.metricsAddr=", "metricsAuth": "metricsAuth.secretName=s"} {
+		c := objects(t, render(t, "--set", set))["DaemonSet"].Spec.Template.Spec.Containers[0]
+		for _, p := range []map[string]any{c.LivenessProbe, c.ReadinessProbe} {
+			if g, _ := p["httpGet"].(map[string]any); g["host"] != "127.0.0.1" || g["port"] != float64(9408) {
+				t.Errorf("%s: a probe not on 127.0.0.1:9408: %v", what, p)
+			}
+		}
+		if !slices.Contains(c.Args, "--health-addr=127.0.0.1:9408") {
+			t.Errorf("%s: no loopback health address: %v", what, c.Args)
+		}
 	}
 }
 

@@ -6,8 +6,11 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"path"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/gpud/gpud/internal/workload"
@@ -39,7 +42,15 @@ type Watcher struct {
 	Log        *slog.Logger
 	// Synced, when set, is called after every full listing.
 	Synced func()
+
+	imgMu     sync.Mutex
+	imgLabels map[string]map[string]string // image id → its gpud.io/ labels
+	dropped   map[string]bool              // containers whose image's gpud.io/ labels were dropped (logged once)
 }
+
+// maxImages bounds the image label cache (image ids are content hashes:
+// an entry never goes stale, only unused).
+const maxImages = 256
 
 // Run watches until ctx ends.
 func (d *Watcher) Run(ctx context.Context) {
@@ -84,7 +95,7 @@ func (d *Watcher) watch(ctx context.Context) error {
 			if len(c.Names) > 0 {
 				name = c.Names[0]
 			}
-			d.created(c.ID, name, c.Labels)
+			d.created(c.ID, name, d.ownLabels(ctx, c.ID, c.ImageID, c.Labels))
 		}
 		d.Registry.Expect(c.ID, cgroups.DockerLeafNames(c.ID))
 	}
@@ -119,8 +130,10 @@ func (d *Watcher) watch(ctx context.Context) error {
 		case m := <-msgs:
 			switch m.Action {
 			case events.ActionCreate:
-				// Labels are the event's attributes (with name and image).
-				d.created(m.Actor.ID, m.Actor.Attributes["name"], m.Actor.Attributes)
+				// Labels are the event's attributes (with name and image),
+				// its image's labels merged in: createdLabels drops those
+				// that would grant anything.
+				d.created(m.Actor.ID, m.Actor.Attributes["name"], d.createdLabels(ctx, m.Actor.ID, m.Actor.Attributes))
 				d.Registry.Expect(m.Actor.ID, cgroups.DockerLeafNames(m.Actor.ID))
 			case events.ActionStart:
 				select {
@@ -132,6 +145,9 @@ func (d *Watcher) watch(ctx context.Context) error {
 				// A start queued before it finds the container gone (inspect:
 				// not found) and removes it again.
 				d.Registry.Remove(m.Actor.ID)
+				d.imgMu.Lock()
+				delete(d.dropped, m.Actor.ID)
+				d.imgMu.Unlock()
 			case events.ActionDie:
 				// Keep the workload until it is destroyed: its processes may
 				// still be exiting, and a restart reuses the id.
@@ -150,10 +166,10 @@ func (d *Watcher) created(id, name string, labels map[string]string) {
 	w := workload.Workload{
 		ContainerID: id,
 		Name:        strings.TrimPrefix(name, "/"),
-		Priority:    d.Registry.Classify(id, labels),
 		TaskID:      labels[workload.LabelTaskID],
 		PreemptMode: labels[workload.LabelPreemptMode],
 	}
+	w.Priority, w.Agent = d.Registry.ClassifyContainer(id, labels)
 	if w.TaskID == "" {
 		w.TaskID = w.Name
 	}
@@ -176,15 +192,15 @@ func (d *Watcher) refresh(ctx context.Context, id string) {
 	}
 	var labels map[string]string
 	if c.Config != nil {
-		labels = c.Config.Labels
+		labels = d.ownLabels(ctx, c.ID, c.Image, c.Config.Labels)
 	}
 	w := workload.Workload{
 		ContainerID: c.ID,
 		Name:        strings.TrimPrefix(c.Name, "/"),
-		Priority:    d.Registry.Classify(c.ID, labels),
 		TaskID:      labels[workload.LabelTaskID],
 		PreemptMode: labels[workload.LabelPreemptMode],
 	}
+	w.Priority, w.Agent = d.Registry.ClassifyContainer(c.ID, labels)
 	if w.TaskID == "" {
 		w.TaskID = w.Name
 	}
@@ -193,9 +209,138 @@ func (d *Watcher) refresh(ctx context.Context, id string) {
 			if cg, err := cgroups.ID(filepath.Join(d.CgroupRoot, info.V2Path)); err == nil {
 				w.CgroupID = cg
 			}
+			// Where runc put it (--cgroup-parent included): its processes
+			// are the container's wherever that is. Only a cgroup named as
+			// runc names this container's: an init that moved itself (a
+			// privileged container can) names no other cgroup so.
+			if slices.Contains(cgroups.DockerLeafNames(c.ID), path.Base(info.V2Path)) {
+				w.CgroupPath = info.V2Path
+			}
 		}
 	}
 	d.Registry.Put(w)
+}
+
+// ownLabels returns a container's labels less the gpud.io/ labels its
+// image declared: Docker merges an image's LABELs into its containers',
+// and an image pulled from anywhere must not choose a class, an agent mark
+// or a preempt mode. A gpud.io/ label whose key and value are the image's
+// is dropped (a container given the very value its image has cannot be
+// told from one that inherited it: the operator labels with an image that
+// declares none). imageID is the container's image id, "" when not known
+// yet (a create event: then the container is inspected). Labels without
+// any gpud.io/ key cost no round trip. Where the image cannot be read,
+// every gpud.io/ label is dropped: a label of unknown provenance gets
+// nothing, and the start event's inspect tries again.
+func (d *Watcher) ownLabels(ctx context.Context, id, imageID string, labels map[string]string) map[string]string {
+	has := false
+	for k := range labels {
+		if strings.HasPrefix(k, workload.LabelPrefix) {
+			has = true
+			break
+		}
+	}
+	if !has {
+		return labels
+	}
+	img, err := d.imageLabels(ctx, id, imageID)
+	out := make(map[string]string, len(labels))
+	var dropped []string
+	for k, v := range labels {
+		if strings.HasPrefix(k, workload.LabelPrefix) {
+			if iv, ok := img[k]; err != nil || ok && iv == v {
+				dropped = append(dropped, k)
+				continue
+			}
+		}
+		out[k] = v
+	}
+	if len(dropped) == 0 {
+		return out
+	}
+	d.imgMu.Lock()
+	if d.dropped == nil {
+		d.dropped = map[string]bool{}
+	}
+	first := !d.dropped[id]
+	d.dropped[id] = true
+	d.imgMu.Unlock()
+	// A container gone already (short-lived) is nothing to report.
+	if first && !cerrdefs.IsNotFound(err) {
+		d.Registry.ImageLabelsDropped.Add(1)
+		slices.Sort(dropped)
+		if err != nil {
+			d.Log.Warn("container's image unreadable: its gpud.io/ labels are ignored until it is", "container_id", id,
+				"labels", dropped, "error", err)
+		} else {
+			d.Log.Warn("ignoring gpud.io/ labels the container's image declares (only labels given to the container count)",
+				"container_id", id, "image_id", imageID, "labels", dropped)
+		}
+	}
+	return out
+}
+
+// createdLabels is ownLabels for a create event, on the event loop that
+// must expect the container's cgroup before runc makes it: the round trips
+// to learn the image (inspect the container, then its image) are paid only
+// when a gpud.io/ label would grant something (priority high, the agent
+// mark, a preempt mode other than kill). A label that grants nothing (low,
+// a task id) is taken as it comes for the moment; the start event's
+// refresh checks every label against the image and corrects the class
+// within milliseconds. A burst of low containers thus costs the loop
+// nothing, and their first opens are still refused in the kernel.
+func (d *Watcher) createdLabels(ctx context.Context, id string, labels map[string]string) map[string]string {
+	if !grants(labels) {
+		return labels
+	}
+	return d.ownLabels(ctx, id, "", labels)
+}
+
+// grants reports whether labels ask for anything beyond the least a
+// workload can be given: class high, the agent mark, a preempt mode other
+// than kill.
+func grants(labels map[string]string) bool {
+	if labels[workload.LabelPriority] == "high" || labels[workload.LabelAgent] == "true" {
+		return true
+	}
+	m, ok := labels[workload.LabelPreemptMode]
+	return ok && m != "kill"
+}
+
+// imageLabels returns the gpud.io/ labels of a container's image.
+func (d *Watcher) imageLabels(ctx context.Context, id, imageID string) (map[string]string, error) {
+	if imageID == "" {
+		c, err := d.Client.ContainerInspect(ctx, id)
+		if err != nil {
+			return nil, fmt.Errorf("inspecting container %s for its image: %w", id, err)
+		}
+		imageID = c.Image
+	}
+	d.imgMu.Lock()
+	l, ok := d.imgLabels[imageID]
+	d.imgMu.Unlock()
+	if ok {
+		return l, nil
+	}
+	img, err := d.Client.ImageInspect(ctx, imageID)
+	if err != nil {
+		return nil, fmt.Errorf("inspecting image %s: %w", imageID, err)
+	}
+	l = map[string]string{}
+	if img.Config != nil {
+		for k, v := range img.Config.Labels {
+			if strings.HasPrefix(k, workload.LabelPrefix) {
+				l[k] = v
+			}
+		}
+	}
+	d.imgMu.Lock()
+	if d.imgLabels == nil || len(d.imgLabels) >= maxImages {
+		d.imgLabels = map[string]map[string]string{}
+	}
+	d.imgLabels[imageID] = l
+	d.imgMu.Unlock()
+	return l, nil
 }
 
 // NewClient returns a client of the Docker engine at host ("" is

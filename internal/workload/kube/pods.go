@@ -145,7 +145,7 @@ func (p *Pods) put(obj any) {
 	w := workload.Workload{
 		PodUID: uid, Namespace: pod.Namespace, Name: pod.Name,
 		TaskID: pod.Labels[workload.LabelTaskID], PreemptMode: pod.Labels[workload.LabelPreemptMode],
-		LivenessProbe: hasLivenessProbe(pod),
+		LivenessProbe: hasLivenessProbe(pod), LiveLabels: true,
 	}
 	w.Priority, w.Agent = p.Registry.ClassifyPod(uid, pod.Namespace, pod.Labels)
 	if w.TaskID == "" {

@@ -188,6 +188,10 @@ func TestPodsRegistersThisNodesPodsWithClassAndTaskID(t *testing.T) {
 		t.Fatalf("registry holds %d workloads, want %d: %+v", len(got), len(want), got)
 	}
 	for _, w := range got {
+		if !w.LiveLabels {
+			t.Errorf("%s: the API server's labels not marked live (NRI's creation-time labels would overrule them)", w.Name)
+		}
+		w.LiveLabels = false
 		if w != want[w.PodUID] {
 			t.Errorf("registry has %+v, want %+v", w, want[w.PodUID])
 		}

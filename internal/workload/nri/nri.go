@@ -20,6 +20,7 @@ import (
 	"github.com/containerd/nri/pkg/stub"
 
 	"github.com/gpud/gpud/internal/cgroups"
+	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/workload"
 )
 
@@ -239,6 +240,21 @@ func (p *Plugin) put(pod *api.PodSandbox) {
 	uid := pod.GetUid()
 	if !cgroups.ValidPodUID(uid) {
 		p.Invalid.Add(1)
+		return
+	}
+	if old, ok := p.Registry.Lookup(occupancy.ProcInfo{PodUID: uid}); ok && old.LiveLabels {
+		// NRI gives the labels the pod was made with; the API server's,
+		// which gpud has, are at least as new: only the cgroup id and
+		// the expected names are NRI's to add (Registry.Put keeps the
+		// rest should the informer store the pod meanwhile).
+		qos := QOSClass(pod.GetLinux().GetCgroupParent())
+		p.Registry.Expect(workload.PodKey(uid), cgroups.PodLeafNames(uid, qos))
+		p.Classified.Add(1)
+		if old.CgroupID == 0 {
+			if cg := cgroups.PodID(p.CgroupRoot, uid, qos); cg != 0 {
+				p.Registry.Put(workload.Workload{PodUID: uid, CgroupID: cg})
+			}
+		}
 		return
 	}
 	labels := pod.GetLabels()

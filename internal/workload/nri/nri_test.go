@@ -19,6 +19,7 @@ import (
 
 	"github.com/gpud/gpud/internal/cgroups"
 	"github.com/gpud/gpud/internal/occupancy"
+	"github.com/gpud/gpud/internal/preempt"
 	"github.com/gpud/gpud/internal/testutil"
 	"github.com/gpud/gpud/internal/workload"
 )
@@ -344,5 +345,109 @@ func TestCreateContainerMountsTheTaskCheckpoint(t *testing.T) {
 	want := []ask{{ownUID, "team", "train-42"}, {readUID, "team", "train-42"}, {otherUID, "team", "team/p-" + otherUID[:8]}}
 	if !slices.Equal(asked, want) {
 		t.Errorf("asked %v, want %v", asked, want)
+	}
+}
+
+// The policy gpud wires in (preempt.Checkpoints): a pod of namespace B
+// whose gpud.io/task-id is namespace A's preempted task gets B's own
+// directory (B's task was preempted too) or none, never A's, whichever
+// namespace was preempted last.
+func TestCreateContainerMountsTheNamespacesOwnCheckpoint(t *testing.T) {
+	socketOwner = uint32(os.Getuid())
+	sock := filepath.Join(t.TempDir(), "nri.sock")
+	root, ckRoot := t.TempDir(), t.TempDir()
+	const (
+		aUID = "11111111-2222-3333-4444-00000000000a"
+		bUID = "11111111-2222-3333-4444-00000000000b"
+		cUID = "11111111-2222-3333-4444-00000000000c"
+	)
+	recs := recentRecords{
+		{ID: "a1", Action: preempt.ActionKill, Victim: preempt.Party{PodUID: "gone-a", Namespace: "team-a", TaskID: "train-42"}},
+		{ID: "b1", Action: preempt.ActionKill, Victim: preempt.Party{PodUID: "gone-b", Namespace: "team-b", TaskID: "train-42"}},
+	}
+	for _, r := range recs {
+		if _, err := preempt.WriteNotice(ckRoot, preempt.Notice{Namespace: r.Victim.Namespace, TaskID: r.Victim.TaskID, RecordID: r.ID}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ck := &preempt.Checkpoints{Root: ckRoot, HostRoot: "/host/ckpt", Records: recs}
+	reg := &workload.Registry{Default: occupancy.Unmanaged}
+	r := runtime(t, sock, nil)
+	p := &Plugin{Socket: sock, Registry: reg, CgroupRoot: root, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Retry: 20 * time.Millisecond,
+		Checkpoint: func(uid, ns, task string) (string, bool, bool) {
+			m, ok := ck.For(uid, ns, task)
+			return m.Dir, m.ReadOnly, ok
+		}}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { p.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	testutil.Eventually(t, 10*time.Second, "gpud registers with the runtime", p.Connected.Load)
+
+	mountIn := func(uid, ns string) string {
+		t.Helper()
+		podDir(t, root, "besteffort", uid)
+		sb := sandbox(uid, "besteffort", "low")
+		sb.Namespace = ns
+		sb.Labels[workload.LabelTaskID] = "train-42"
+		resp, err := r.CreateContainer(context.Background(), &adaptation.CreateContainerRequest{Pod: sb,
+			Container: &adaptation.Container{Id: "c-" + uid[len(uid)-4:], PodSandboxId: sb.Id, Name: "main"}})
+		if err != nil {
+			t.Fatalf("CreateContainer: %v", err)
+		}
+		for _, m := range resp.GetAdjust().GetMounts() {
+			if m.Destination == CheckpointPath {
+				return m.Source
+			}
+		}
+		return ""
+	}
+	if got := mountIn(aUID, "team-a"); got != "/host/ckpt/team-a/train-42" {
+		t.Errorf("team-a's pod: mount %q, want team-a's directory", got)
+	}
+	if got := mountIn(bUID, "team-b"); got != "/host/ckpt/team-b/train-42" {
+		t.Errorf("team-b's pod naming the same task id: mount %q, want team-b's own directory", got)
+	}
+	if got := mountIn(cUID, "team-c"); got != "" {
+		t.Errorf("team-c, never preempted, naming the task id: mount %q, want none", got)
+	}
+}
+
+type recentRecords []preempt.Record
+
+func (r recentRecords) Recent() []preempt.Record { return r }
+
+// NRI gives a pod's creation-time labels at every CreateContainer; the
+// informer's label, changed since, is newer and stays (#32): the pod is
+// not made high again for the up to 2 s before the informer's next resync.
+// NRI still adds the cgroup id the informer did not know.
+func TestCreateContainerKeepsTheInformersNewerLabel(t *testing.T) {
+	socketOwner = uint32(os.Getuid())
+	sock := filepath.Join(t.TempDir(), "nri.sock")
+	root := t.TempDir()
+	const uid = "12121212-3434-5656-7878-909090909090"
+	id := podDir(t, root, "burstable", uid)
+	got := &classes{m: map[uint64]occupancy.Priority{}}
+	reg := &workload.Registry{Default: occupancy.Unmanaged, OnChange: got.set}
+	// The informer saw the label changed to low (the pod was made high).
+	reg.Put(workload.Workload{PodUID: uid, Namespace: "team", Name: "p", Priority: occupancy.Low, LiveLabels: true})
+	r := runtime(t, sock, nil)
+	p := &Plugin{Socket: sock, Registry: reg, CgroupRoot: root, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Retry: 20 * time.Millisecond}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { p.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	testutil.Eventually(t, 10*time.Second, "gpud registers with the runtime", p.Connected.Load)
+
+	ctr := &adaptation.Container{Id: "c1", PodSandboxId: "sb-" + uid[:8], Name: "main"}
+	if _, err := r.CreateContainer(context.Background(), &adaptation.CreateContainerRequest{Pod: sandbox(uid, "burstable", "high"), Container: ctr}); err != nil {
+		t.Fatalf("CreateContainer: %v", err)
+	}
+	w, _ := reg.Lookup(occupancy.ProcInfo{PodUID: uid})
+	if w.Priority != occupancy.Low || w.CgroupID != id {
+		t.Errorf("after CreateContainer with the creation-time label high: %+v, want low with cgroup %d", w, id)
+	}
+	if c := got.get(id); c != occupancy.Low {
+		t.Errorf("the gate has %q for the pod's cgroup, want low", c)
 	}
 }

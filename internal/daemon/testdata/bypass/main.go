@@ -14,6 +14,7 @@
 //	getfd PID FD
 //	opath PATH                        (O_PATH open, then open /proc/self/fd/N read-write)
 //	opathhold PATH                    (O_PATH open only, held)
+//	recvfd SOCK recvmsg|recvmmsg      (listen on the unix socket SOCK, take one fd passed by SCM_RIGHTS)
 //
 // It prints "ok FD PID" or "err ERRNO" (e.g. "err EPERM"), and with "hold" as
 // the last argument keeps what it opened until killed.
@@ -85,6 +86,8 @@ func run(args []string) (int, error) {
 		return unix.Open(fmt.Sprintf("/proc/self/fd/%d", p), unix.O_RDWR, 0)
 	case "opathhold":
 		return unix.Open(args[1], unix.O_PATH, 0)
+	case "recvfd":
+		return recvFD(args[1], args[2] == "recvmmsg")
 	}
 	return -1, fmt.Errorf("unknown method %q", args[0])
 }
@@ -271,4 +274,53 @@ func uringOpen(path string, async, direct bool) (int, error) {
 		return ring, nil // the GPU is in the ring's slot 0, not in the fd table
 	}
 	return int(res), nil
+}
+
+// recvFD listens on a unix socket at path, accepts one connection and
+// receives one fd passed over it, with recvmsg or recvmmsg.
+func recvFD(path string, mmsg bool) (int, error) {
+	l, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM, 0)
+	if err != nil {
+		return -1, fmt.Errorf("socket: %w", err)
+	}
+	if err := unix.Bind(l, &unix.SockaddrUnix{Name: path}); err != nil {
+		return -1, fmt.Errorf("bind %s: %w", path, err)
+	}
+	if err := unix.Listen(l, 1); err != nil {
+		return -1, fmt.Errorf("listen: %w", err)
+	}
+	c, _, err := unix.Accept(l)
+	if err != nil {
+		return -1, fmt.Errorf("accept: %w", err)
+	}
+	buf := make([]byte, 16)
+	oob := make([]byte, unix.CmsgSpace(4*4))
+	var oobn int
+	if mmsg {
+		iov := unix.Iovec{Base: &buf[0]}
+		iov.SetLen(len(buf))
+		var m unix.Mmsghdr
+		m.Hdr.Iov = &iov
+		m.Hdr.SetIovlen(1)
+		m.Hdr.Control = &oob[0]
+		m.Hdr.SetControllen(len(oob))
+		if _, _, errno := unix.Syscall6(unix.SYS_RECVMMSG, uintptr(c), uintptr(unsafe.Pointer(&m)), 1, 0, 0, 0); errno != 0 {
+			return -1, fmt.Errorf("recvmmsg: %w", errno)
+		}
+		oobn = int(m.Hdr.Controllen)
+	} else {
+		if _, oobn, _, _, err = unix.Recvmsg(c, buf, oob, 0); err != nil {
+			return -1, fmt.Errorf("recvmsg: %w", err)
+		}
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+	if err != nil {
+		return -1, fmt.Errorf("control message: %w", err)
+	}
+	for _, msg := range msgs {
+		if fds, err := unix.ParseUnixRights(&msg); err == nil && len(fds) > 0 {
+			return fds[0], nil
+		}
+	}
+	return -1, errors.New("no fd received")
 }
