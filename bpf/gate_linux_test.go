@@ -194,11 +194,12 @@ func TestGateHighMark(t *testing.T) {
 	}
 }
 
-// A cgroup whose leaf name was expected gets its class as it is made, with
-// no SetCgroupPriority: the first open from it is judged by the gate. A
-// name no longer expected, or never, is not classified.
-func TestGateExpectedCgroup(t *testing.T) {
-	_, gpus := testutil.MakeFakeGPUs(t, 2)
+// expectingMonitor loads an enforcing monitor for n fake GPUs with the
+// cgroup_mkdir programs attached, this process registered and GPU 0 held
+// high, for the tests of expected cgroups.
+func expectingMonitor(t *testing.T, n int) (*bpf.Monitor, []testutil.FakeGPU) {
+	t.Helper()
+	_, gpus := testutil.MakeFakeGPUs(t, n)
 	m := loadMonitor(t, gpus)
 	if err := m.MkdirHook(); err != nil {
 		t.Fatalf("cgroup_mkdir programs not attached: %v", err)
@@ -212,17 +213,27 @@ func TestGateExpectedCgroup(t *testing.T) {
 	if err := m.SetGPUPolicy(0, bpf.GPUPolicy{High: 1}, bpf.MonotonicNow()); err != nil {
 		t.Fatal(err)
 	}
-	name := func(n string) string { return fmt.Sprintf("gpud-bpftest-%s-%d", n, os.Getpid()) }
+	return m, gpus
+}
+
+// expectedName is a cgroup leaf name unique to this test process.
+func expectedName(n string) string { return fmt.Sprintf("gpud-bpftest-%s-%d", n, os.Getpid()) }
+
+// A cgroup whose leaf name was expected gets its class as it is made, with
+// no SetCgroupPriority: the first open from it is judged by the gate. A
+// name no longer expected, or never, is not classified.
+func TestGateExpectedCgroup(t *testing.T) {
+	m, gpus := expectingMonitor(t, 2)
 	// The runtime's parent, where the expected cgroups are made.
 	place, placeID := cgroupDir(t, "", "place")
 	parents := []uint64{placeID}
-	if err := m.ExpectCgroup(name("expected"), bpf.PrioLow, parents); err != nil {
+	if err := m.ExpectCgroup(expectedName("expected"), bpf.PrioLow, parents); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.ExpectCgroup(name("forgotten"), bpf.PrioLow, parents); err != nil {
+	if err := m.ExpectCgroup(expectedName("forgotten"), bpf.PrioLow, parents); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.UnexpectCgroup(name("forgotten")); err != nil {
+	if err := m.UnexpectCgroup(expectedName("forgotten")); err != nil {
 		t.Fatal(err)
 	}
 	expected, _ := cgroupDir(t, place, "expected")
@@ -250,11 +261,11 @@ func TestGateExpectedCgroup(t *testing.T) {
 	if err := m.ExpectCgroup(strings.Repeat("x", bpf.CgroupNameMax), bpf.PrioLow, parents); err != nil {
 		t.Errorf("a name of CgroupNameMax bytes: %v", err)
 	}
-	if err := m.ExpectCgroup(name("x"), 7, parents); err == nil {
+	if err := m.ExpectCgroup(expectedName("x"), 7, parents); err == nil {
 		t.Error("ExpectCgroup with class 7: no error")
 	}
 	for _, bad := range [][]uint64{nil, {0}, make([]uint64, bpf.ExpectParents+1)} {
-		if err := m.ExpectCgroup(name("x"), bpf.PrioLow, bad); err == nil {
+		if err := m.ExpectCgroup(expectedName("x"), bpf.PrioLow, bad); err == nil {
 			t.Errorf("ExpectCgroup with parents %v: no error", bad)
 		}
 	}
@@ -267,25 +278,11 @@ func TestGateExpectedCgroup(t *testing.T) {
 // from it is judged as a host process's); the control, root in the right
 // parent, is classified.
 func TestGateExpectedCgroupPlace(t *testing.T) {
-	_, gpus := testutil.MakeFakeGPUs(t, 1)
-	m := loadMonitor(t, gpus)
-	if err := m.MkdirHook(); err != nil {
-		t.Fatalf("cgroup_mkdir programs not attached: %v", err)
-	}
-	if err := m.Register(uint32(os.Getpid()), 0); err != nil {
-		t.Fatal(err)
-	}
-	if err := m.SetEnforcing(true, 30*time.Second); err != nil {
-		t.Fatal(err)
-	}
-	if err := m.SetGPUPolicy(0, bpf.GPUPolicy{High: 1}, bpf.MonotonicNow()); err != nil {
-		t.Fatal(err)
-	}
-	name := func(n string) string { return fmt.Sprintf("gpud-bpftest-%s-%d", n, os.Getpid()) }
+	m, gpus := expectingMonitor(t, 1)
 	place, placeID := cgroupDir(t, "", "runtime")
 	elsewhere, _ := cgroupDir(t, "", "elsewhere")
 	for _, n := range []string{"root-here", "root-elsewhere", "user-here"} {
-		if err := m.ExpectCgroup(name(n), bpf.PrioLow, []uint64{placeID}); err != nil {
+		if err := m.ExpectCgroup(expectedName(n), bpf.PrioLow, []uint64{placeID}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -296,7 +293,7 @@ func TestGateExpectedCgroupPlace(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	userDir := filepath.Join(place, name("user-here"))
+	userDir := filepath.Join(place, expectedName("user-here"))
 	mkdir := exec.Command("mkdir", userDir)
 	mkdir.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
 	if out, err := mkdir.CombinedOutput(); err != nil {

@@ -425,6 +425,20 @@ static __always_inline void gate_event(__u32 type, __u32 gpu, __u64 cgroup_id)
 	emit_cg(type, BPF_CORE_READ(t, pid), BPF_CORE_READ(t, tgid), 0, -1, gpu, cgroup_id);
 }
 
+// deny refuses an open from cgroup on gpu (the gate's verdict 0, EPERM),
+// reporting it to user space at most once per DENY_REPORT_INTERVAL_NS for
+// that (cgroup, GPU).
+static __always_inline int deny(__u32 gpu, __u64 cgroup, __u64 now)
+{
+	struct deny_key dk = {.cgroup = cgroup, .gpu = gpu};
+	__u64 *last = bpf_map_lookup_elem(&deny_reported, &dk);
+	if (!last || now - *last > DENY_REPORT_INTERVAL_NS) {
+		bpf_map_update_elem(&deny_reported, &dk, &now, BPF_ANY);
+		gate_event(EV_DENY, gpu, cgroup);
+	}
+	return 0;
+}
+
 // report_open reports a GPU open the gate lets through (EV_OPEN, fd
 // unknown: user space reads the opener's fd table): under --hooks driver
 // for every open, otherwise when pending has no room for the mark.
@@ -480,13 +494,7 @@ int gpud_gate(struct bpf_cgroup_dev_ctx *ctx)
 			int reserved_ok = 0;
 			__u64 matched = 0;
 			if (classify(0, &reserved_ok, &matched) != PRIO_NONE) {
-				struct deny_key dk = {.cgroup = matched, .gpu = gpu};
-				__u64 *last = bpf_map_lookup_elem(&deny_reported, &dk);
-				if (!last || now - *last > DENY_REPORT_INTERVAL_NS) {
-					bpf_map_update_elem(&deny_reported, &dk, &now, BPF_ANY);
-					gate_event(EV_DENY, gpu, matched);
-				}
-				return 0; // EPERM
+				return deny(gpu, matched, now); // EPERM
 			}
 		}
 		__u64 *hmark = bpf_map_lookup_elem(&gpu_high_mark, &rdev);
@@ -514,13 +522,7 @@ int gpud_gate(struct bpf_cgroup_dev_ctx *ctx)
 				asm volatile("" ::: "memory");
 				__u32 high = *(volatile __u32 *)&pol->high;
 				if (high || marked > confirmed || (reserved && !reserved_ok)) {
-					struct deny_key dk = {.cgroup = matched, .gpu = gpu};
-					__u64 *last = bpf_map_lookup_elem(&deny_reported, &dk);
-					if (!last || now - *last > DENY_REPORT_INTERVAL_NS) {
-						bpf_map_update_elem(&deny_reported, &dk, &now, BPF_ANY);
-						gate_event(EV_DENY, gpu, matched);
-					}
-					return 0; // EPERM
+					return deny(gpu, matched, now); // EPERM
 				}
 			}
 		}
@@ -695,6 +697,20 @@ static __always_inline int scm_rights_in(void *msg)
 	return off + 16 <= controllen;
 }
 
+// passed_fd_received: the current task received fds by SCM_RIGHTS (one
+// may be a GPU's): it becomes a holder, and user space reconciles it from
+// /proc/<pid>/fd (EV_RESYNC). The consumer (gpud itself) is left alone.
+static __always_inline int passed_fd_received(void)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32;
+	if (is_consumer(tgid))
+		return 0;
+	mark_holder(tgid);
+	emit(EV_RESYNC, (__u32)id, tgid, 0, -1, -1);
+	return 0;
+}
+
 static __always_inline int exit_recvmsg(long fd, void *msg, long ret, int many)
 {
 	if (!monitoring || sock_hooks || ret < 0 || (many && ret == 0))
@@ -718,13 +734,7 @@ static __always_inline int exit_recvmsg(long fd, void *msg, long ret, int many)
 	}
 	if (!got)
 		return 0;
-	__u64 id = bpf_get_current_pid_tgid();
-	__u32 tgid = id >> 32;
-	if (is_consumer(tgid))
-		return 0;
-	mark_holder(tgid);
-	emit(EV_RESYNC, (__u32)id, tgid, 0, -1, -1);
-	return 0;
+	return passed_fd_received();
 }
 
 // ----------------------------------------------------------------------------
@@ -891,13 +901,7 @@ int BPF_PROG(on_sock_recv, struct sock *sk, int ret, int flags)
 		return 0;
 	if (unix_fds_queued(sk) == 0)
 		bpf_map_delete_elem(&scm_socks, &key);
-	__u64 id = bpf_get_current_pid_tgid();
-	__u32 tgid = id >> 32;
-	if (is_consumer(tgid))
-		return 0;
-	mark_holder(tgid);
-	emit(EV_RESYNC, (__u32)id, tgid, 0, -1, -1);
-	return 0;
+	return passed_fd_received();
 }
 
 // ----------------------------------------------------------------------------

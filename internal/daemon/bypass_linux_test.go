@@ -52,8 +52,15 @@ func bypassBin(t *testing.T) string {
 // helper at /gpud-bypass, and waits until gpud has classified it.
 func (e *env) runCtr(name, bin string, opts []string, labels ...string) *ctr {
 	e.t.Helper()
-	args := []string{"run", "-d", "--network", "none", "--name", name + "-" + fmt.Sprint(time.Now().UnixNano()%1e9),
-		"-v", bin + ":/gpud-bypass:ro"}
+	return e.dockerRun(name, []string{"-v", bin + ":/gpud-bypass:ro"}, opts, labels...)
+}
+
+// dockerRun starts a labelled busybox container with the docker run
+// options base and opts (opts named in a failure), and waits until gpud has
+// classified it and found its cgroup.
+func (e *env) dockerRun(name string, base, opts []string, labels ...string) *ctr {
+	e.t.Helper()
+	args := append([]string{"run", "-d", "--network", "none", "--name", name + "-" + fmt.Sprint(time.Now().UnixNano()%1e9)}, base...)
 	args = append(args, opts...)
 	for _, l := range labels {
 		args = append(args, "--label", l)

@@ -14,7 +14,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -49,24 +48,7 @@ func cgroupParent(t *testing.T) string {
 // found its cgroup.
 func (e *env) containerOpts(name string, opts []string, labels ...string) *ctr {
 	e.t.Helper()
-	args := []string{"run", "-d", "--network", "none", "--name", name + "-" + fmt.Sprint(time.Now().UnixNano()%1e9),
-		"--device", e.gpus[0].Path + ":/dev/nvidia0", "--device", e.gpus[1].Path + ":/dev/nvidia1"}
-	args = append(args, opts...)
-	for _, l := range labels {
-		args = append(args, "--label", l)
-	}
-	args = append(args, "gpud-test-busybox:latest", "sh", "-c", "trap 'exit 0' TERM; sleep 600 & wait")
-	out, err := exec.Command("docker", args...).CombinedOutput()
-	if err != nil {
-		e.t.Fatalf("docker run %v: %v %s", opts, err, out)
-	}
-	c := &ctr{t: e.t, e: e, id: strings.TrimSpace(string(out))}
-	e.t.Cleanup(func() { exec.Command("docker", "rm", "-f", c.id).Run() })
-	testutil.Eventually(e.t, 10*time.Second, "container "+name+" classified", func() bool {
-		w, ok := e.d.Registry().Lookup(occupancy.ProcInfo{ContainerID: c.id})
-		return ok && w.CgroupID != 0
-	})
-	return c
+	return e.dockerRun(name, []string{"--device", e.gpus[0].Path + ":/dev/nvidia0", "--device", e.gpus[1].Path + ":/dev/nvidia1"}, opts, labels...)
 }
 
 // A low container started with --cgroup-parent holds a GPU; a high
@@ -97,14 +79,7 @@ func TestCgroupParentContainerIsBelieved(t *testing.T) {
 				t.Fatalf("the low container's cgroup %q is not under --cgroup-parent %s", w.CgroupPath, parent)
 			}
 			victim := low.hold(0)
-			f := testutil.WaitStateFile(t, e.cfg.StateFile, 5*time.Second, func(f *v1.StateFile) bool {
-				for _, h := range f.GPUs[0].Holders {
-					if h.PID == victim {
-						return true
-					}
-				}
-				return false
-			})
+			f := waitHolder(t, e, 0, victim)
 			for _, h := range f.GPUs[0].Holders {
 				if h.PID == victim && (h.ContainerID != low.id || string(h.Priority) != string(occupancy.Low)) {
 					t.Errorf("the low holder is listed as %+v, want container %s, low", h, low.id[:12])
@@ -146,12 +121,7 @@ func TestCgroupParentContainerIsBelieved(t *testing.T) {
 func TestLookalikeOfLowContainerIsNoWaiter(t *testing.T) {
 	e := enforcingEnv(t, preempt.ReclaimNone)
 	e.start()
-	for _, g := range e.gpus {
-		os.Chmod(g.Path, 0o666)
-		for d := filepath.Dir(g.Path); d != os.TempDir() && d != "/"; d = filepath.Dir(d) {
-			os.Chmod(d, 0o755)
-		}
-	}
+	gpusOpenToAll(e)
 	high := e.container("high", "gpud.io/priority=high")
 	hp := high.hold(0)
 	low := e.container("low", "gpud.io/priority=low")
@@ -190,51 +160,4 @@ func TestLookalikeOfLowContainerIsNoWaiter(t *testing.T) {
 	if got := low.tryOpen(0); got != "opened" {
 		t.Errorf("the low container's own open after high left: %q", got)
 	}
-}
-
-// tryImpostor starts a shell as uid 65534 in the delegated subtree, which
-// makes the cgroup leaf inside it, moves in and opens the GPU; it returns
-// the shell's pid and whether the open succeeded (then it holds the GPU).
-func tryImpostor(t *testing.T, deleg, leaf, gpu string) (int, bool) {
-	t.Helper()
-	tmp, err := os.MkdirTemp("", "gpud-impostor")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(tmp) })
-	os.Chmod(tmp, 0o777)
-	res := filepath.Join(tmp, "result")
-	// `command exec`: a refused redirection does not end the shell.
-	script := fmt.Sprintf(`read go; mkdir "%[1]s/%[2]s" && echo $$ > "%[1]s/%[2]s/cgroup.procs" || { echo setup > "%[4]s"; exit 1; }
-if command exec 3<>"%[3]s" 2>/dev/null; then echo opened > "%[4]s"; else echo refused > "%[4]s"; fi; exec sleep 600`,
-		deleg, leaf, gpu, res)
-	cmd := exec.Command("/bin/sh", "-c", script)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}, Pdeathsig: syscall.SIGKILL}
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-		os.Remove(filepath.Join(deleg, leaf))
-	})
-	testutil.JoinCgroup(t, deleg, cmd.Process.Pid)
-	in.Write([]byte("go\n"))
-	var out []byte
-	testutil.Eventually(t, 10*time.Second, "the impostor's open", func() bool {
-		out, _ = os.ReadFile(res)
-		return len(out) > 0
-	})
-	switch strings.TrimSpace(string(out)) {
-	case "opened":
-		return cmd.Process.Pid, true
-	case "refused":
-		return cmd.Process.Pid, false
-	}
-	t.Fatalf("the impostor could not make its cgroup: %s", out)
-	return 0, false
 }

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	v1 "github.com/gpud/gpud/api/v1"
 	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/testutil"
 	"github.com/gpud/gpud/internal/workload"
@@ -340,4 +341,18 @@ func classified(t *testing.T, reg *workload.Registry, name string, class occupan
 	h := startHelper(t)
 	testutil.JoinCgroup(t, dir, h.pid())
 	return h, id
+}
+
+// waitHolder waits (5 s at most) until the state file lists pid as a holder
+// of GPU gpu, and returns that state file.
+func waitHolder(t *testing.T, e *env, gpu, pid int) *v1.StateFile {
+	t.Helper()
+	return testutil.WaitStateFile(t, e.cfg.StateFile, 5*time.Second, func(f *v1.StateFile) bool {
+		for _, h := range f.GPUs[gpu].Holders {
+			if h.PID == pid {
+				return true
+			}
+		}
+		return false
+	})
 }

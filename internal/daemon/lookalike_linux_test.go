@@ -19,7 +19,6 @@ import (
 	"testing"
 	"time"
 
-	v1 "github.com/gpud/gpud/api/v1"
 	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/preempt"
 	"github.com/gpud/gpud/internal/testutil"
@@ -38,11 +37,41 @@ func delegated(t *testing.T) string {
 	return dir
 }
 
+// gpusOpenToAll makes the fake GPUs anyone's to open, as /dev/nvidia* are: an
+// attacker's shell as uid 65534 can open them.
+func gpusOpenToAll(e *env) {
+	for _, g := range e.gpus {
+		os.Chmod(g.Path, 0o666)
+		for d := filepath.Dir(g.Path); d != os.TempDir() && d != "/"; d = filepath.Dir(d) {
+			os.Chmod(d, 0o755)
+		}
+	}
+}
+
 // impostor starts a shell as uid 65534 in the delegated subtree (put there
 // by root, as a login puts a user's session), which itself makes the cgroup
 // leaf inside it, moves in, opens the GPU and holds it; it returns the pid
-// once the open is done (or refused: then it is not a holder).
+// once the open is done, and fails the test if the open was refused.
 func impostor(t *testing.T, deleg, leaf, gpu string) int {
+	t.Helper()
+	pid, opened, errs := startImpostor(t, deleg, leaf, gpu)
+	if !opened {
+		t.Fatalf("the impostor never opened the GPU: %s", errs)
+	}
+	return pid
+}
+
+// tryImpostor is impostor for an open that may be refused: it returns the
+// shell's pid and whether the open succeeded (then it holds the GPU).
+func tryImpostor(t *testing.T, deleg, leaf, gpu string) (int, bool) {
+	t.Helper()
+	pid, opened, _ := startImpostor(t, deleg, leaf, gpu)
+	return pid, opened
+}
+
+// startImpostor runs the impostor's shell and waits for its open; it
+// returns the pid, whether the open succeeded and the shell's stderr.
+func startImpostor(t *testing.T, deleg, leaf, gpu string) (int, bool, []byte) {
 	t.Helper()
 	tmp, err := os.MkdirTemp("", "gpud-impostor")
 	if err != nil {
@@ -50,9 +79,11 @@ func impostor(t *testing.T, deleg, leaf, gpu string) int {
 	}
 	t.Cleanup(func() { os.RemoveAll(tmp) })
 	os.Chmod(tmp, 0o777)
-	done, errs := filepath.Join(tmp, "done"), filepath.Join(tmp, "err")
-	script := fmt.Sprintf(`read go; exec 2>"%[5]s"; mkdir "%[1]s/%[2]s" && echo $$ > "%[1]s/%[2]s/cgroup.procs" || exit 1; exec 3<>"%[3]s"; echo 0 > "%[4]s"; exec sleep 600`,
-		deleg, leaf, gpu, done, errs)
+	res, errs := filepath.Join(tmp, "result"), filepath.Join(tmp, "err")
+	// `command exec`: a refused redirection does not end the shell.
+	script := fmt.Sprintf(`read go; exec 2>"%[5]s"; mkdir "%[1]s/%[2]s" && echo $$ > "%[1]s/%[2]s/cgroup.procs" || { echo setup > "%[4]s"; exit 1; }
+if command exec 3<>"%[3]s"; then echo opened > "%[4]s"; else echo refused > "%[4]s"; fi; exec sleep 600`,
+		deleg, leaf, gpu, res, errs)
 	cmd := exec.Command("/bin/sh", "-c", script)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}, Pdeathsig: syscall.SIGKILL}
 	in, err := cmd.StdinPipe()
@@ -69,18 +100,20 @@ func impostor(t *testing.T, deleg, leaf, gpu string) int {
 	})
 	testutil.JoinCgroup(t, deleg, cmd.Process.Pid)
 	in.Write([]byte("go\n"))
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if _, err := os.Stat(done); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			b, _ := os.ReadFile(errs)
-			t.Fatalf("the impostor never opened the GPU: %s", b)
-		}
-		time.Sleep(20 * time.Millisecond)
+	var out []byte
+	testutil.Eventually(t, 10*time.Second, "the impostor's open", func() bool {
+		out, _ = os.ReadFile(res)
+		return len(out) > 0
+	})
+	stderr, _ := os.ReadFile(errs)
+	switch strings.TrimSpace(string(out)) {
+	case "opened":
+		return cmd.Process.Pid, true, stderr
+	case "refused":
+		return cmd.Process.Pid, false, stderr
 	}
-	return cmd.Process.Pid
+	t.Fatalf("the impostor could not make its cgroup: %s %s", out, stderr)
+	return 0, false, nil
 }
 
 func TestLookalikeCgroupIsHost(t *testing.T) {
@@ -101,27 +134,14 @@ func TestLookalikeCgroupIsHost(t *testing.T) {
 			e := enforcingEnv(t, preempt.ReclaimNone)
 			e.cfg.DefaultPriority = tc.def
 			e.start()
-			// The fake GPU is the attacker's to open, as /dev/nvidia* is.
-			for _, g := range e.gpus {
-				os.Chmod(g.Path, 0o666)
-				for d := filepath.Dir(g.Path); d != os.TempDir() && d != "/"; d = filepath.Dir(d) {
-					os.Chmod(d, 0o755)
-				}
-			}
+			gpusOpenToAll(e) // the fake GPU is the attacker's to open
 			low := e.container("low", "gpud.io/priority=low")
 			victim := low.hold(0)
 			e.settle("the low holder", holds(victim, 0, 3))
 			high := e.container("high", "gpud.io/priority=high")
 			deleg := delegated(t)
 			pid := impostor(t, deleg, tc.leaf(high.id), e.gpus[0].Path)
-			f := testutil.WaitStateFile(t, e.cfg.StateFile, 5*time.Second, func(f *v1.StateFile) bool {
-				for _, h := range f.GPUs[0].Holders {
-					if h.PID == pid {
-						return true
-					}
-				}
-				return false
-			})
+			f := waitHolder(t, e, 0, pid)
 			for _, h := range f.GPUs[0].Holders {
 				if h.PID == pid && (string(h.Priority) != string(occupancy.Unmanaged) || h.ContainerID != "") {
 					t.Errorf("impostor listed as %+v, want an unmanaged host process", h)

@@ -83,16 +83,23 @@ func TestAgentPods(t *testing.T) {
 		}
 	}
 	w, _ := r.Lookup(occupancy.ProcInfo{PodUID: podDCGM})
+	agentStaysUnmanaged(t, r, w, occupancy.ProcInfo{PodUID: podDCGM}, "the agent pod", &told)
+}
+
+// agentStaysUnmanaged puts the agent workload w (found by pi) again: the
+// gate is told only "" for it (told holds what it was told), and a reload's
+// new default does not turn it into a workload (Lookup and Explain).
+func agentStaysUnmanaged(t *testing.T, r *Registry, w Workload, pi occupancy.ProcInfo, what string, told *[]occupancy.Priority) {
+	t.Helper()
 	r.Put(w)
-	if len(told) != 1 || told[0] != "" {
-		t.Errorf("the gate was told %q for the agent pod, want only \"\" (not classified)", told)
+	if len(*told) != 1 || (*told)[0] != "" {
+		t.Errorf("the gate was told %q for %s, want only \"\" (not classified)", *told, what)
 	}
-	// A reload's new default does not turn an agent pod into a workload.
 	r.SetDefault(occupancy.High)
-	if w, _ := r.Lookup(occupancy.ProcInfo{PodUID: podDCGM}); !w.Agent || w.Priority != occupancy.Unmanaged {
-		t.Errorf("after SetDefault(high) the agent pod is %+v", w)
+	if w, _ := r.Lookup(pi); !w.Agent || w.Priority != occupancy.Unmanaged {
+		t.Errorf("after SetDefault(high) %s is %+v", what, w)
 	}
-	if _, _, class, reason := r.Explain(occupancy.ProcInfo{PodUID: podDCGM}); reason != ReasonAgent || class != occupancy.Unmanaged {
+	if _, _, class, reason := r.Explain(pi); reason != ReasonAgent || class != occupancy.Unmanaged {
 		t.Errorf("Explain: %s %s, want unmanaged agent", class, reason)
 	}
 }
@@ -213,17 +220,7 @@ func TestAgentContainer(t *testing.T) {
 	if !ok || !w.Agent || w.Priority != occupancy.Unmanaged {
 		t.Fatalf("the agent container: %+v %v", w, ok)
 	}
-	r.Put(w)
-	if len(told) != 1 || told[0] != "" {
-		t.Errorf("the gate was told %q for the agent container, want only \"\" (not classified)", told)
-	}
-	r.SetDefault(occupancy.High)
-	if w, _ := r.Lookup(occupancy.ProcInfo{ContainerID: ctrAgent}); !w.Agent || w.Priority != occupancy.Unmanaged {
-		t.Errorf("after SetDefault(high) the agent container is %+v", w)
-	}
-	if _, _, class, reason := r.Explain(occupancy.ProcInfo{ContainerID: ctrAgent}); reason != ReasonAgent || class != occupancy.Unmanaged {
-		t.Errorf("Explain: %s %s, want unmanaged agent", class, reason)
-	}
+	agentStaysUnmanaged(t, r, w, occupancy.ProcInfo{ContainerID: ctrAgent}, "the agent container", &told)
 	for _, v := range []string{"True", "1", "yes", " true", ""} {
 		if p, agent := r.ClassifyContainer("c", map[string]string{LabelAgent: v}); agent || p != occupancy.High {
 			t.Errorf("label %s=%q: class %s agent %v, want the default and no agent", LabelAgent, v, p, agent)

@@ -106,10 +106,7 @@ func TestPluginClassifiesBeforeTheRuntimeGoesOn(t *testing.T) {
 	reg := &workload.Registry{Default: occupancy.Unmanaged, OnChange: got.set}
 	r := runtime(t, sock, []*adaptation.PodSandbox{sandbox(oldUID, "burstable", "low")})
 	p := &Plugin{Socket: sock, Registry: reg, CgroupRoot: root, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Retry: 20 * time.Millisecond}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { p.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
+	startPlugin(t, p)
 
 	testutil.Eventually(t, 10*time.Second, "gpud registers with the runtime", p.Connected.Load)
 	if c := got.get(oldID); c != occupancy.Low {
@@ -172,6 +169,14 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
+// startPlugin runs p until the test ends.
+func startPlugin(t *testing.T, p *Plugin) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { p.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+}
+
 // childRuntime starts a runtime process on sock whose pods are uid's (none
 // for "").
 func childRuntime(t *testing.T, sock, uid string) *exec.Cmd {
@@ -197,10 +202,7 @@ func TestPluginReconnectsWhenTheRuntimeRestarts(t *testing.T) {
 	got := &classes{m: map[uint64]occupancy.Priority{}}
 	reg := &workload.Registry{Default: occupancy.Unmanaged, OnChange: got.set}
 	p := &Plugin{Socket: sock, Registry: reg, CgroupRoot: root, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Retry: 20 * time.Millisecond}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { p.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
+	startPlugin(t, p)
 
 	first := childRuntime(t, sock, "") // the socket appears after gpud started
 	testutil.Eventually(t, 10*time.Second, "gpud registers with the first runtime", p.Connected.Load)
@@ -294,10 +296,7 @@ func TestCreateContainerMountsTheTaskCheckpoint(t *testing.T) {
 			}
 			return "", false, false
 		}}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { p.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
+	startPlugin(t, p)
 	testutil.Eventually(t, 10*time.Second, "gpud registers with the runtime", p.Connected.Load)
 
 	create := func(uid string, labels map[string]string) *adaptation.ContainerAdjustment {
@@ -378,10 +377,7 @@ func TestCreateContainerMountsTheNamespacesOwnCheckpoint(t *testing.T) {
 			m, ok := ck.For(uid, ns, task)
 			return m.Dir, m.ReadOnly, ok
 		}}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { p.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
+	startPlugin(t, p)
 	testutil.Eventually(t, 10*time.Second, "gpud registers with the runtime", p.Connected.Load)
 
 	mountIn := func(uid, ns string) string {
@@ -433,10 +429,7 @@ func TestCreateContainerKeepsTheInformersNewerLabel(t *testing.T) {
 	reg.Put(workload.Workload{PodUID: uid, Namespace: "team", Name: "p", Priority: occupancy.Low, LiveLabels: true})
 	r := runtime(t, sock, nil)
 	p := &Plugin{Socket: sock, Registry: reg, CgroupRoot: root, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Retry: 20 * time.Millisecond}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { p.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
+	startPlugin(t, p)
 	testutil.Eventually(t, 10*time.Second, "gpud registers with the runtime", p.Connected.Load)
 
 	ctr := &adaptation.Container{Id: "c1", PodSandboxId: "sb-" + uid[:8], Name: "main"}
