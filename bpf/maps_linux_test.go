@@ -145,14 +145,14 @@ func TestMapUsageReportsFilledMap(t *testing.T) {
 }
 
 // A full pending map loses no GPU open: the gate reports the open itself
-// (fd unknown, as under --hooks driver) and counts it.
+// (fd unknown, as under --hooks driver) and counts it. On a kernel that
+// refuses the gate nothing marks opens (the openat-exit observer checks
+// every new fd itself): the open is still reported, with its fd.
 func TestGatePendingFullReportsOpen(t *testing.T) {
 	testutil.RequireRoot(t)
 	_, gpus := testutil.MakeFakeGPUs(t, 1)
 	m := loadMonitor(t, gpus)
-	if m.GateErr() != nil {
-		testutil.Skip(t, "the kernel refuses the gate: nothing marks opens")
-	}
+	gate := m.GateErr() == nil
 	n := bpf.FillPending(t, m)
 	if u := usageOf(t, m, bpf.MapPending); u.Entries != u.Capacity || n != u.Capacity {
 		t.Fatalf("pending after filling %d: %+v", n, u)
@@ -163,6 +163,13 @@ func TestGatePendingFullReportsOpen(t *testing.T) {
 	}
 	defer f.Close()
 	ev, ok := nextEvent(t, m, 2*time.Second)
+	if !gate {
+		t.Logf("the kernel refuses the gate (observe-only): %v", m.GateErr())
+		if !ok || ev.Type != bpf.EventOpen || ev.GPU != 0 || ev.FD != int32(f.Fd()) {
+			t.Fatalf("open with pending full, no gate: %+v ok=%v, want an open of GPU 0 at fd %d", ev, ok, f.Fd())
+		}
+		return
+	}
 	if !ok || ev.Type != bpf.EventOpen || ev.GPU != 0 || ev.FD != bpf.FDUnknown {
 		t.Fatalf("open with pending full: %+v ok=%v, want an open of GPU 0 with its fd unknown", ev, ok)
 	}
