@@ -3,8 +3,13 @@
 
 GO        ?= go
 BIN       := bin/gpud
+# Versions are git tags vMAJOR.MINOR.PATCH (`make release` takes no other);
+# between tags, `git describe` (v0.3.0-4-gabcdef0, -dirty when edited).
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-LDFLAGS   := -X main.version=$(VERSION)
+# gpud version's stamp: the commit and its date (reproducible: not now).
+COMMIT    := $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+BUILD_DATE := $(shell TZ=UTC git log -1 --date=format-local:%Y-%m-%dT%H:%M:%SZ --format=%cd 2>/dev/null || echo unknown)
+LDFLAGS   := -X main.version=$(VERSION) -X main.commit=$(COMMIT) -X main.buildDate=$(BUILD_DATE)
 # Privileged packages share the kernel and the fake GPU device numbers: one at a time.
 TESTFLAGS ?= -count=1 -p 1 -timeout 30m
 BENCHTIME ?= 1x
@@ -16,12 +21,14 @@ FUZZTIME  ?= 10s
 SYSCALLS_MODE_TESTS ?= ^(TestFDLifecycle|TestForkExecExit|TestFDPassing|TestStartupFindsExistingHolder|TestBypass|TestBypassIOUringResync|TestCrashCampaign|TestGateLowHeldHighOpens|TestGateHighHeldLowDenied|TestGateFirstOpen|TestOverloadDropsResync|TestDriverHooksOpenRoutes|TestPassedFDReceiverKilled)$$
 # The kernels `make test` boots (scripts/kmatrix.sh suites).
 KMATRIX_IN_TEST ?= bullseye bookworm trixie
-IMAGE     ?= gpud.local/gpud:dev
-# Where `make push` sends the release image (REGISTRY/gpud:VERSION).
-REGISTRY  ?= gpud.local
+IMAGE_REPO ?= gpud.local/gpud
+IMAGE     ?= $(IMAGE_REPO):dev
+# The release's registry: the image is REGISTRY/gpud:VERSION (the packaged
+# chart's default image), `make push` sends the chart to REGISTRY/charts.
+REGISTRY  ?= ghcr.io/gpud
 CLUSTER_DIR ?= /tmp/gpud-cluster
 
-.PHONY: all build generate check-generate test unit fuzz bench demo lint clean image release push test-k8s k8s cluster-up cluster-down kmatrix
+.PHONY: all build generate check-generate test unit fuzz bench demo gpu-check lint clean image release push test-k8s k8s cluster-up cluster-down kmatrix
 
 all: build
 
@@ -51,12 +58,14 @@ test: build k8s
 	$(MAKE) --no-print-directory lint; \
 	$(GO) test $(TESTFLAGS) ./...; \
 	GPUD_TEST_HOOKS=syscalls $(GO) test $(TESTFLAGS) -run '$(SYSCALLS_MODE_TESTS)' ./internal/daemon/; \
+	scripts/gpu-check.sh --double --out bin/gpu-check-double.txt; \
 	GO=$(GO) FUZZTIME=$(FUZZTIME) scripts/fuzz.sh; \
 	GO=$(GO) scripts/release.sh --version $(VERSION) --name $(IMAGE) --out bin/release; \
 	scripts/cluster.sh up $(CLUSTER_DIR); \
 	. $(CLUSTER_DIR)/env; \
 	ctr -n k8s.io -a $$CONTAINERD_SOCK images import bin/release/gpud-$(VERSION).oci.tar >/dev/null; \
-	$(GO) test -tags k8s -count=1 -timeout 15m ./test/k8s/; \
+	ctr -n k8s.io -a $$CONTAINERD_SOCK images tag --force $(IMAGE) $(IMAGE_REPO):$(VERSION) >/dev/null; \
+	GPUD_VERSION=$(VERSION) $(GO) test -tags k8s -count=1 -timeout 15m ./test/k8s/; \
 	scripts/cluster.sh down $(CLUSTER_DIR); \
 	scripts/deps.sh kmatrix; \
 	GO=$(GO) scripts/kmatrix.sh $(KMATRIX_IN_TEST)
@@ -87,20 +96,33 @@ bench: build
 	scripts/deps.sh build test
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -count=1 -p 1 -timeout 30m ./internal/daemon/ ./internal/occupancy/ ./internal/dra/
 
+# On a node with an NVIDIA driver (nothing else: no CUDA toolkit, no
+# network): a CUDA program under gpud, one table of checks in
+# bin/gpu-check.txt (docs/real-gpu.md, "make gpu-check"). `make test` runs
+# the same script against the doubles (--double).
+gpu-check: build
+	scripts/gpu-check.sh --out bin/gpu-check.txt
+
 # gpud's main job on fake GPUs (or real ones when an NVIDIA driver is present).
 demo: build
 	scripts/deps.sh build docker
 	scripts/demo.sh $(BIN)
 
-# The release: gpud for amd64 and arm64, bare and as one multi-platform
-# image (bin/release/gpud-$(VERSION).oci.tar), reproducible, nothing
-# pulled (scripts/release.sh). `make push REGISTRY=registry.example.com/team`
-# sends it to REGISTRY/gpud:$(VERSION) with `docker login`'s credentials.
+# The release of VERSION (vMAJOR.MINOR.PATCH): gpud for amd64 and arm64,
+# bare and as one multi-platform image, reproducible, nothing pulled; the
+# chart packaged for that image; the CHANGELOG section; checksums
+# (scripts/release.sh lists the files). `make push REGISTRY=registry.example.com/team`
+# sends the image to REGISTRY/gpud:VERSION and the chart to
+# oci://REGISTRY/charts/gpud (version VERSION without its v), with `docker
+# login`'s credentials.
+SEMVER_TAG := ^v(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)$$
 release:
+	@echo '$(VERSION)' | grep -Eq '$(SEMVER_TAG)' || { echo "make release: VERSION=$(VERSION): want vMAJOR.MINOR.PATCH, e.g. make release VERSION=v0.3.0 (or on a commit tagged so)" >&2; exit 2; }
 	GO=$(GO) scripts/release.sh --version $(VERSION) --name $(REGISTRY)/gpud:$(VERSION) --out bin/release
 
 push: release
 	$(GO) run ./tools/ociimage push bin/release/gpud-$(VERSION).oci.tar $(REGISTRY)/gpud:$(VERSION)
+	$(GO) run ./tools/ociimage push-chart bin/release/gpud-$(VERSION:v%=%).tgz $(REGISTRY)/charts
 
 # The image for this machine's architecture as $(IMAGE), loaded into the
 # local Docker engine; bin/release/gpud-$(VERSION).oci.tar is the same
@@ -118,7 +140,8 @@ test-k8s: image k8s
 	scripts/cluster.sh up $(CLUSTER_DIR); \
 	. $(CLUSTER_DIR)/env; \
 	ctr -n k8s.io -a $$CONTAINERD_SOCK images import bin/release/gpud-$(VERSION).oci.tar >/dev/null; \
-	$(GO) test -tags k8s -count=1 -timeout 15m ./test/k8s/
+	ctr -n k8s.io -a $$CONTAINERD_SOCK images tag --force $(IMAGE) $(IMAGE_REPO):$(VERSION) >/dev/null; \
+	GPUD_VERSION=$(VERSION) $(GO) test -tags k8s -count=1 -timeout 15m ./test/k8s/
 
 # gofmt, go vet (k8s-tagged tests too), staticcheck, a build without cgo
 # (only internal/nvidia uses it), the arm64 build and vet (Grace nodes), the
@@ -134,7 +157,8 @@ lint:
 	GOARCH=arm64 $(GO) vet ./...
 	scripts/deps.sh bpf
 	GO=$(GO) scripts/check-generate.sh
-	scripts/check-architecture.sh
+	GO=$(GO) scripts/check-architecture.sh
+	$(GO) run scripts/check-links.go
 
 clean:
 	rm -rf bin

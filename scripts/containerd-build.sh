@@ -11,7 +11,7 @@
 # the snapshotters the cluster disables anyway (btrfs, devmapper, zfs).
 # Why 1.7 and not 2.x: with 2.2.1 a running borrower pod lost its process
 # across a kubelet restart (TestLendIdleGPUOnARealKubelet), which 1.6.20
-# and 1.7.35 do not show; see README.md, "Classification paths".
+# and 1.7.35 do not show; see docs/rules.md, "Classification paths".
 # Docker's own containerd (the private dockerd of scripts/dockerd.sh) stays
 # Debian's.
 #

@@ -9,7 +9,8 @@
 # /var/cache/gpud-helm/v3.21.4/helm). A cold build takes a few minutes.
 #
 # Without arguments it only makes sure the binary is there (quiet unless it
-# builds); `--path` prints the binary's path; anything else is passed to helm.
+# builds); `--path` prints the binary's path; `--built` prints it only if it
+# is already built (exit 3 otherwise); anything else is passed to helm.
 set -euo pipefail
 
 HELM_VERSION=${HELM_VERSION:-v3.21.4}
@@ -24,6 +25,14 @@ helm_ok() {
 	v=$(timeout 20 "$HELM" version --short 2>/dev/null) || return 1
 	[[ $v == "$HELM_VERSION"* ]]
 }
+
+# --built: the binary's path if it is there (exit 0), else exit 3 without
+# building (tests outside `make test` skip rather than build for minutes).
+if [[ ${1:-} == --built ]]; then
+	helm_ok || exit 3
+	echo "$HELM"
+	exit 0
+fi
 
 if ! helm_ok; then
 	command -v go >/dev/null 2>&1 || die "go not found on PATH"

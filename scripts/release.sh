@@ -3,13 +3,27 @@
 #                    [--docker-archive FILE]
 #
 # gpud's release: one static-layout image for each architecture, in one
-# multi-platform OCI archive, plus the bare binaries and their checksums.
+# multi-platform OCI archive, the bare binaries, the Helm chart packaged
+# for that image, the version's release notes and their checksums.
 #
 #   $OUT/gpud-linux-<arch>         the binary (cgo: NVML is dlopen'ed from
-#                                  the node's driver at run time)
+#                                  the node's driver at run time), stamped:
+#                                  `gpud version -o json`
 #   $OUT/gpud-<version>.oci.tar    the image index (ctr images import,
 #                                  skopeo copy oci-archive:, `make push`)
+#   $OUT/gpud-<chart version>.tgz  the chart (`helm package`): version the
+#                                  release's without its v, appVersion the
+#                                  release's, image.repository --name's
+#                                  (its tag: the appVersion)
+#   $OUT/gpud-<version>.release-notes.md
+#                                  CHANGELOG.md's section of the version
+#                                  ("## <version>"; "## Unreleased" while
+#                                  there is none, with a warning)
 #   $OUT/SHA256SUMS
+#
+# The chart version is semantic (Helm's rule): vX.Y.Z[-pre][+build] gives
+# X.Y.Z[-pre][+build]; anything else (a `git describe` of an untagged
+# commit) 0.0.0-<version>. `make release` takes vMAJOR.MINOR.PATCH only.
 #
 # Why a script and not a Dockerfile: build machines here reach only Debian's
 # archive and the Go module proxy, so there is no base image to pull. Each
@@ -47,6 +61,17 @@ done
 [[ $version =~ ^[A-Za-z0-9][A-Za-z0-9._+-]*$ ]] || die "--version $version: letters, digits, . _ + - only"
 name=${name:-gpud.local/gpud:$version}
 epoch=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}
+# The binary's stamp: the commit and its date (not now: the same commit
+# builds the same binary).
+commit=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+[[ -z $(git status --porcelain --untracked-files=no 2>/dev/null) ]] || commit=$commit-dirty
+build_date=$(date -u -d "@$epoch" +%Y-%m-%dT%H:%M:%SZ)
+semver='^v?(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$'
+if [[ $version =~ $semver ]]; then
+	chart_version=${version#v}
+else
+	chart_version=0.0.0-dev-${version//[^0-9A-Za-z-]/-}
+fi
 host=$($GO env GOARCH)
 
 # GNU triplet and Debian cross packages of each architecture.
@@ -118,7 +143,7 @@ for a in $arches; do
 	[[ $a == "$host" ]] || cc=${TRIPLET[$a]}-gcc
 	echo "release.sh: building gpud $version for linux/$a ($cc)"
 	CGO_ENABLED=1 GOOS=linux GOARCH=$a CC=$cc GOFLAGS=-buildvcs=false \
-		$GO build -trimpath -ldflags "-s -w -buildid= -X main.version=$version" -o "$bin" ./cmd/gpud
+		$GO build -trimpath -ldflags "-s -w -buildid= -X main.version=$version -X main.commit=$commit -X main.buildDate=$build_date" -o "$bin" ./cmd/gpud
 	root=$work/rootfs-$a
 	mkdir -p "$root"/{etc,tmp,run,var/lib/gpud,proc,sys,dev}
 	chmod 1777 "$root/tmp"
@@ -148,8 +173,9 @@ for a in $arches; do
 		got=$(QEMU_LD_PREFIX=$root "${QEMU[$a]}" "$root/gpud" version 2>&1) ||
 			die "linux/$a: /gpud does not run on its image's libraries (${QEMU[$a]}): $got"
 	fi
-	[[ -z $got || $got == *"$version"* ]] || die "linux/$a: /gpud version says '$got', want $version"
-	[[ -n $got ]] && echo "release.sh: linux/$a image runs: $got"
+	[[ -z $got || $got == *"gpud $version"*"$commit"*"$build_date"*"linux/$a"* ]] ||
+		die "linux/$a: /gpud version says '$got', want $version, $commit, $build_date, linux/$a"
+	[[ -n $got ]] && echo "release.sh: linux/$a image runs: ${got%%$'\n'*} (${commit:0:12}, $build_date)"
 	platforms+=(--platform "linux/$a=$root")
 done
 
@@ -162,6 +188,40 @@ $GO run ./tools/ociimage build --name "$name" --out "$archive" --epoch "$epoch" 
 	--label "org.opencontainers.image.version=$version" \
 	--label "org.opencontainers.image.revision=$(git rev-parse HEAD 2>/dev/null || echo unknown)" \
 	--label "org.opencontainers.image.licenses=Apache-2.0 AND (GPL-2.0-only OR BSD-2-Clause)" >/dev/null
-(cd "$out" && sha256sum "gpud-$version.oci.tar" $(for a in $arches; do echo "gpud-linux-$a"; done) >SHA256SUMS)
+# The chart, for this image: a copy stamped with the version and the
+# image's repository (the chart in the repository stays appVersion dev).
+repo=${name%:*}
+[[ $repo != "$name" && $repo != */ ]] || die "--name $name: want REPOSITORY:TAG"
+mkdir -p "$work/chart"
+cp -r deploy/helm/gpud "$work/chart/gpud"
+sed -i -e "s|^version: .*|version: $chart_version|" -e "s|^appVersion: .*|appVersion: \"$version\"|" "$work/chart/gpud/Chart.yaml"
+sed -i "0,/^  repository: .*/s||  repository: $repo|" "$work/chart/gpud/values.yaml"
+grep -q "^  repository: $repo\$" "$work/chart/gpud/values.yaml" || die "could not set image.repository in the chart"
+scripts/helm.sh lint --strict "$work/chart/gpud" >/dev/null || die "helm lint of the stamped chart failed"
+rm -f "$out"/gpud-"$chart_version".tgz
+scripts/helm.sh package "$work/chart/gpud" --destination "$out" >/dev/null
+chart=gpud-$chart_version.tgz
+[[ -f $out/$chart ]] || die "helm package wrote no $out/$chart"
+# helm package stamps the time of packaging: repacked with the commit's
+# time, sorted, owners 0 and no gzip timestamp, the same commit gives the
+# same chart archive.
+mkdir -p "$work/chart-pkg"
+tar -xmzf "$out/$chart" -C "$work/chart-pkg"
+(cd "$work/chart-pkg" && tar --sort=name --mtime="@$epoch" --owner=0 --group=0 --numeric-owner \
+	--mode=u+rw,go+r,go-w --format=gnu -cf - gpud) | gzip -n -9 >"$out/$chart"
+echo "release.sh: chart $out/$chart (version $chart_version, appVersion $version, image $repo:$version)"
+
+# The release notes: CHANGELOG.md's section of this version.
+notes=gpud-$version.release-notes.md
+section() { awk -v h="$1" '$0 ~ "^## " { if (on) exit; if (index($0, "## " h) == 1 && (length($0) == length(h) + 3 || substr($0, length(h) + 4, 1) ~ /[ (]/)) { on = 1; next } } on' CHANGELOG.md; }
+body=$(section "$version")
+if [[ -z $body ]]; then
+	body=$(section Unreleased)
+	[[ -n $body ]] || die "CHANGELOG.md has neither a \"## $version\" nor a \"## Unreleased\" section"
+	echo "release.sh: warning: CHANGELOG.md has no \"## $version\" section: the notes are Unreleased's (rename it before tagging)" >&2
+fi
+printf '# gpud %s\n\nCommit %s, %s.\n%s\n' "$version" "$commit" "$build_date" "$body" >"$out/$notes"
+
+(cd "$out" && sha256sum "gpud-$version.oci.tar" $(for a in $arches; do echo "gpud-linux-$a"; done) "$chart" "$notes" >SHA256SUMS)
 $GO run ./tools/ociimage inspect "$archive"
-echo "release.sh: $archive (push: make push REGISTRY=... VERSION=$version)"
+echo "release.sh: $archive, $out/$chart, $out/$notes, $out/SHA256SUMS (push: make push REGISTRY=... VERSION=$version)"

@@ -38,7 +38,10 @@ type Workload struct {
 
 // ExplainGPU is what would happen if the process opened one GPU now.
 type ExplainGPU struct {
-	Index       int      `json:"index"`
+	Index int `json:"index"`
+	// MIG names a MIG slice: its parent, instance, profile and MIG UUID,
+	// e.g. "GPU 0 gi1 3g.40gb MIG-..."; absent for a whole GPU.
+	MIG         string   `json:"mig,omitempty"`
 	State       State    `json:"state"`
 	Holds       bool     `json:"holds"`        // the process holds it already
 	HighHolders int      `json:"high_holders"` // other processes, by class

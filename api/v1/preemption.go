@@ -38,7 +38,14 @@ type Preemption struct {
 	Signal    string    `json:"signal,omitempty"`
 	LatencyMS float64   `json:"latency_ms,omitempty"` // decision → victim confirmed dead (kill) or frozen (freeze)
 	// Cgroup is the frozen or thawed cgroup's directory (freeze, thaw).
-	Cgroup    string     `json:"cgroup,omitempty"`
+	Cgroup string `json:"cgroup,omitempty"`
+	// Checkpointed (freeze): the victim's CUDA state was checkpointed to
+	// host memory before the freeze (--preempt-mode checkpoint); it is
+	// restored at the thaw, by a restarted gpud that adopts it too.
+	Checkpointed bool `json:"checkpointed,omitempty"`
+	// Reason says why the action was the one taken, where more than one
+	// was possible (a freeze, a CUDA checkpoint, or a kill).
+	Reason    string     `json:"reason,omitempty"`
 	Result    string     `json:"result"`               // done, gone, or the error
 	ResumedAt *time.Time `json:"resumed_at,omitempty"` // the task opened a GPU again
 }

@@ -49,8 +49,8 @@ type StateFile struct {
 	Health *Health `json:"health,omitempty"`
 	// ActivitySource says what tells gpud a GPU is in use: "nvml" (its
 	// per-process utilization samples; a holder's first open starts its
-	// use) or "opens" (every open, without NVML). Absent in files of gpuds
-	// before it.
+	// use), "opens" (every open, without NVML) or "mixed" (some GPUs each:
+	// gpus[].nvml.activity_source). Absent in files of gpuds before it.
 	ActivitySource string `json:"activity_source,omitempty"`
 	// NVML says which library gpud loaded, or why none; absent in files
 	// of gpuds before it.
@@ -122,6 +122,27 @@ type StateNVML struct {
 	Error         string `json:"error,omitempty"` // why NVML is not used
 }
 
+// StateGPUNVML is one GPU's NVML condition.
+type StateGPUNVML struct {
+	// State is "ok" (every source answers), "degraded" (a source fails and
+	// is retried with backoff, or NVML is unavailable) or "lost" (the GPU
+	// answers NVML_ERROR_GPU_IS_LOST: fallen off the bus); Reason says why.
+	State  string `json:"state"`
+	Reason string `json:"reason,omitempty"`
+	// ActivitySource is this GPU's: "nvml" (per-process utilization
+	// samples) or "opens" (every open: NVML cannot sample it).
+	ActivitySource string             `json:"activity_source"`
+	Failing        []StateNVMLFailure `json:"failing,omitempty"`
+}
+
+// StateNVMLFailure is one failing NVML source of a GPU: utilization,
+// memory, processes, mig, events, device (lost or unknown to NVML) or
+// library (NVML unavailable).
+type StateNVMLFailure struct {
+	Source string `json:"source"`
+	Error  string `json:"error"`
+}
+
 // StateLeftAlone is a GPU gpud does not manage, and why.
 type StateLeftAlone struct {
 	Device string `json:"device"`
@@ -166,6 +187,11 @@ type StateGPU struct {
 	Agents []StateHolder `json:"agents,omitempty"`
 	// Aliases are other device nodes of this GPU (same major:minor).
 	Aliases []string `json:"aliases,omitempty"`
+	// MIG is set when this entry is a MIG instance (a slice) of a GPU in
+	// MIG mode: Device is then its capability node, UUID its MIG UUID.
+	// Each slice is a GPU of its own to the rules and lending; the parent
+	// is listed in left_alone. Absent for a whole GPU.
+	MIG *StateMIG `json:"mig,omitempty"`
 	// Enforced says whether the kernel gate applies the priority rules to
 	// this GPU's opens now: false under --enforce=false or with monitoring
 	// off, and for a GPU the gate cannot protect. Absent in files of
@@ -175,6 +201,9 @@ type StateGPU struct {
 	Memory *StateMemory `json:"memory,omitempty"`
 	// Health is absent without NVML; an unhealthy GPU is not lent.
 	Health *StateGPUHealth `json:"health,omitempty"`
+	// NVML is how NVML answers for this GPU (each GPU degrades alone);
+	// absent when gpud does not use NVML (and in files of gpuds before it).
+	NVML *StateGPUNVML `json:"nvml,omitempty"`
 	// Lendable says, with lending on, whether the GPU may be lent now, and
 	// NotLendable why not (unhealthy, below the free-memory floor, its
 	// holders active, ...). Absent without lending.
@@ -189,6 +218,16 @@ type StateGPU struct {
 	// a whole-GPU owner another device plugin gave the GPU, or a host
 	// process. Shown and logged, never preempted by the share rule.
 	ShareConflicts []StateShareConflict `json:"share_conflicts,omitempty"`
+}
+
+// StateMIG is a MIG instance's place: its parent GPU and its profile.
+type StateMIG struct {
+	Parent       int    `json:"parent"`        // the parent's index (N of /dev/nvidiaN)
+	ParentUUID   string `json:"parent_uuid"`   // the parent's UUID
+	ParentDevice string `json:"parent_device"` // the parent's node, which the slice's processes open too
+	GI           int    `json:"gpu_instance"`
+	CI           int    `json:"compute_instance"`
+	Profile      string `json:"profile"` // e.g. "1g.10gb"
 }
 
 // StateShare is one claim's share of a GPU's memory, for one of the pods

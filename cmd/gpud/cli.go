@@ -6,55 +6,19 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
-	"github.com/spf13/pflag"
 	"golang.org/x/term"
 
 	v1 "github.com/gpud/gpud/api/v1"
 
+	"github.com/gpud/gpud/internal/config"
 	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/status"
 )
-
-// outputFlag defines -o (long --output; --o, Go's flag package's spelling
-// of the old flag, still works) with its values for completion.
-func outputFlag(c *cobra.Command, p *string, def string, formats []string) {
-	c.Flags().StringVarP(p, "output", "o", def, "output format: "+joinOr(formats))
-	c.Flags().SetNormalizeFunc(func(_ *pflag.FlagSet, name string) pflag.NormalizedName {
-		if name == "o" {
-			name = "output"
-		}
-		return pflag.NormalizedName(name)
-	})
-	_ = c.RegisterFlagCompletionFunc("output", cobra.FixedCompletions(formats, cobra.ShellCompDirectiveNoFileComp))
-}
-
-func joinOr(w []string) string {
-	s := ""
-	for i, x := range w {
-		switch {
-		case i == 0:
-		case i == len(w)-1:
-			s += " or "
-		default:
-			s += ", "
-		}
-		s += x
-	}
-	return s
-}
-
-func checkFormat(cmd, got string, formats []string) error {
-	for _, f := range formats {
-		if got == f {
-			return nil
-		}
-	}
-	return usagef("%s: -o %q: want %s", cmd, got, joinOr(formats))
-}
 
 // isTerminal: --watch clears the screen only there; a pipe or a file gets
 // plain frames.
@@ -75,11 +39,8 @@ columns; -o wide has every column whole; -o json is the state file as it is
 and -o yaml the same document in YAML. --watch refreshes until interrupted:
 on a terminal in place, elsewhere as one frame after another (no escape
 codes).`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: ran(func(c *cobra.Command, _ []string) error {
-			if err := checkFormat("status", output, status.Formats); err != nil {
-				return err
-			}
 			if watch < 0 {
 				return usagef("status: --watch must not be negative")
 			}
@@ -103,8 +64,8 @@ codes).`,
 			return nil
 		}),
 	}
-	c.Flags().StringVar(&stateFile, "state-file", "/run/gpud/state.json", "state file to read")
-	outputFlag(c, &output, "table", status.Formats)
+	c.Flags().StringVar(&stateFile, "state-file", config.Defaults().StateFile, "state file to read (gpud run's default)")
+	outputFlag(c, &output, "table", listOutputs)
 	c.Flags().DurationVar(&watch, "watch", 0, "refresh every interval (e.g. 1s) until interrupted")
 	return c
 }
@@ -113,15 +74,33 @@ func newExplainCmd() *cobra.Command {
 	var socket, output string
 	var pid int
 	c := &cobra.Command{
-		Use:   "explain --pid N",
+		Use:   "explain PID",
 		Short: "which rule applies to a process now",
-		Args:  cobra.NoArgs,
+		Long: `Asks the running daemon which rule applies to process PID now: its workload,
+its class and why, the GPUs it holds, and the verdict an open of each GPU
+would get. PID is as seen from gpud's PID namespace; --pid PID says the same.`,
+		// The process is what explain is about: an admin types
+		// gpud explain 4242, as kill 4242.
+		Args: func(c *cobra.Command, args []string) error {
+			if len(args) > 1 {
+				return usagef("explain: unexpected argument %q", args[1])
+			}
+			if len(args) == 0 {
+				return nil
+			}
+			n, err := strconv.Atoi(args[0])
+			switch {
+			case err != nil || n <= 0:
+				return usagef("explain: %q: want a PID (a positive number)", args[0])
+			case c.Flags().Changed("pid") && pid != n:
+				return usagef("explain: PID %d and --pid %d: give one", n, pid)
+			}
+			pid = n
+			return nil
+		},
 		RunE: ran(func(c *cobra.Command, _ []string) error {
 			if pid <= 0 {
-				return usagef("explain: --pid N is required (a positive PID)")
-			}
-			if err := checkFormat("explain", output, status.ExplainFormats); err != nil {
-				return err
+				return usagef("explain: a PID is required (gpud explain PID)")
 			}
 			e, err := v1.NewClient(socket).Explain(context.Background(), pid)
 			if err != nil {
@@ -131,8 +110,8 @@ func newExplainCmd() *cobra.Command {
 		}),
 	}
 	c.Flags().StringVar(&socket, "control-socket", v1.DefaultSocket, "control socket of the running daemon")
-	c.Flags().IntVar(&pid, "pid", 0, "the process to explain (as seen from gpud's PID namespace)")
-	outputFlag(c, &output, "text", status.ExplainFormats)
+	c.Flags().IntVar(&pid, "pid", 0, "the process to explain, as the argument PID")
+	outputFlag(c, &output, "text", recordOutputs)
 	return c
 }
 
@@ -143,8 +122,11 @@ func newMonitorCmd() *cobra.Command {
 		Short:     "switch kernel monitoring on a running daemon",
 		ValidArgs: []string{"on\tobserve GPU opens and apply the rules", "off\tfreeze the ledger; the gate allows every open"},
 		Args: func(_ *cobra.Command, args []string) error {
-			if len(args) != 1 {
+			if len(args) == 0 {
 				return usagef("monitor: want on or off")
+			}
+			if len(args) > 1 {
+				return usagef("monitor: unexpected argument %q", args[1])
 			}
 			if args[0] != "on" && args[0] != "off" {
 				return usagef("monitor: %q: want on or off", args[0])

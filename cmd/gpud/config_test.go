@@ -28,6 +28,13 @@ import (
 func fakeSources(env map[string]string, files map[string]string) config.Sources {
 	return config.Sources{
 		LookupEnv: func(k string) (string, bool) { v, ok := env[k]; return v, ok },
+		Environ: func() []string {
+			var kv []string
+			for k, v := range env {
+				kv = append(kv, k+"="+v)
+			}
+			return kv
+		},
 		ReadFile: func(p string) ([]byte, error) {
 			if c, ok := files[p]; ok {
 				return []byte(c), nil
@@ -69,7 +76,7 @@ nvml: "off"
 	if o, _, err := loadRun(nil, fakeSources(map[string]string{"GPUD_UNINSTALL": "true"}, nil)); err != nil || o.uninstall {
 		t.Errorf("GPUD_UNINSTALL: %v, uninstall %v", err, o != nil && o.uninstall)
 	}
-	// The defaults, with no source at all, are those of the README.
+	// The defaults, with no source at all, are those of docs/operating.md.
 	o, _, err = loadRun(nil, fakeSources(nil, nil))
 	if err != nil {
 		t.Fatal(err)
@@ -99,7 +106,7 @@ func TestRunBadSettings(t *testing.T) {
 		want string
 	}{
 		{[]string{"--config", "/v9"}, nil, `run: version (file /v9:1): unknown version "v9" (want v1)`},
-		{[]string{"--config", "/unknown"}, nil, `run: idel-after (file /unknown:3): unknown key`},
+		{[]string{"--config", "/unknown"}, nil, `run: idel-after (file /unknown:3): unknown key (did you mean idle-after?)`},
 		{[]string{"--config", "/duration"}, nil, `run: idle-after (file /duration:2): invalid duration "5mins" (want e.g. 30s, 5m or 1h)`},
 		{[]string{"--config", "/prio"}, nil, `run: default-priority (file /prio:2): invalid value "urgent": want unmanaged, low or high`},
 		{[]string{"--config", "/grace"}, nil, `run: preempt-grace (file /grace:2): must not be negative, got -1s`},
@@ -118,7 +125,7 @@ func TestRunBadSettings(t *testing.T) {
 		{[]string{"--resync-interval", "-1m"}, nil, `run: resync-interval (flag --resync-interval): must not be negative, got -1m0s`},
 		{[]string{"--state-file", " "}, nil, `run: state-file (flag --state-file): is empty`},
 		{[]string{"--idle-after"}, nil, `run: idle-after (flag --idle-after): no value`},
-		{[]string{"--idle-afterr", "1m"}, nil, `run: unknown flag --idle-afterr`},
+		{[]string{"--idle-afterr", "1m"}, nil, `run: unknown flag --idle-afterr (did you mean --idle-after?)`},
 		{[]string{"--config", "/uninstall"}, nil, `run: uninstall (file /uninstall:2): unknown key`},
 		{[]string{"--cdi-kind", "nvidia.com"}, nil, `run: cdi-kind (flag --cdi-kind): invalid CDI kind "nvidia.com": want vendor/class, e.g. nvidia.com/gpu`},
 		{nil, map[string]string{"GPUD_CDI_KIND": "nvidia.com/gpu=x"}, `run: cdi-kind (env GPUD_CDI_KIND): invalid CDI kind "nvidia.com/gpu=x": "gpu=x" must start with a letter, end with a letter or digit and hold only letters, digits, '_', '-' and '.'`},

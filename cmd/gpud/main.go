@@ -67,14 +67,13 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 	root.SetErr(stderr)
 	root.SetVersionTemplate("gpud {{.Version}}\n")
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
+		var ue usageError
+		if errors.As(err, &ue) {
+			return ue // a value's own check (-o's) names the command itself
+		}
 		return usagef("%s: %v", c.Name(), err)
 	})
-	root.AddCommand(newRunCmd(), newStatusCmd(), newExplainCmd(), newMonitorCmd(), newUninstallCmd(), &cobra.Command{
-		Use:   "version",
-		Short: "print the version",
-		Args:  cobra.NoArgs,
-		Run:   func(c *cobra.Command, _ []string) { fmt.Fprintln(c.OutOrStdout(), "gpud", version) },
-	})
+	root.AddCommand(newRunCmd(), newStatusCmd(), newExplainCmd(), newMonitorCmd(), newUninstallCmd(), newVersionCmd())
 	// cobra's own `completion bash|zsh|fish|powershell` stays, visible.
 	return root
 }

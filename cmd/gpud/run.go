@@ -28,6 +28,7 @@ import (
 	"github.com/gpud/gpud/internal/metrics"
 	"github.com/gpud/gpud/internal/nvidia"
 	"github.com/gpud/gpud/internal/occupancy"
+	"github.com/gpud/gpud/internal/uninstall"
 	"github.com/gpud/gpud/internal/workload"
 )
 
@@ -63,74 +64,79 @@ func runFlags() (*pflag.FlagSet, *runOptions) {
 	o := &runOptions{}
 	cfg := &o.cfg
 	def := config.Defaults()
-	fs.StringVar(&o.configFile, config.FileFlag, "", "YAML settings file (version: v1, keys: these flags' names); flags and GPUD_* variables override it")
+	fs.StringVar(&o.configFile, config.FileFlag, "", "YAML settings file (version: v1, keys: these flags' names)")
 	fs.StringVar(&cfg.DevDir, "dev-dir", def.DevDir, "directory holding the nvidiaN device nodes")
 	fs.StringVar(&cfg.StateFile, "state-file", def.StateFile, "state file (JSON, rewritten atomically on every change)")
 	fs.StringVar(&cfg.StateDir, "state-dir", def.StateDir, "durable data (journal, settings)")
 	fs.StringVar(&cfg.ControlSocket, "control-socket", def.ControlSocket, "control API socket (empty disables)")
 	fs.DurationVar(&cfg.IdleAfter, "idle-after", def.IdleAfter, "a held GPU with no activity for this long is idle (reloadable)")
 	fs.DurationVar(&cfg.ResyncInterval, "resync-interval", def.ResyncInterval, "safety-net reconciliation from /proc (0 disables)")
-	fs.StringVar(&cfg.NodeName, "node-name", defaultNode(), "node name in the state file (default $NODE_NAME or the hostname)")
+	fs.StringVar(&cfg.NodeName, "node-name", defaultNode(), "node name in the state file ($NODE_NAME or the hostname)")
 	fs.StringVar(&cfg.CgroupRoot, "cgroup-root", "", "cgroup v2 mount point (default: detected)")
-	fs.Var(config.NewList(&cfg.CgroupParents, def.CgroupParents, cgroups.CheckParent), "cgroup-parents", "cgroup v2 paths, comma-separated, where a runtime makes containers (Docker's --cgroup-parent, e.g. /mycontainers or /my.slice) or kubelet makes pods (below its --cgroup-root, e.g. /kubelet/kubepods or /kubelet.slice/kubelet-kubepods.slice), trusted besides /docker, /system.slice and /kubepods[.slice]: a workload's cgroup elsewhere is a look-alike, its processes host processes (\"\": the defaults alone)")
-	fs.Var(config.NewEnum(&o.nvml, "auto", "auto", "off"), "nvml", "use NVML for UUIDs, utilization, memory, MIG and health: `auto|off`")
-	fs.StringVar(&cfg.NVMLLibrary, "nvml-library", def.NVMLLibrary, "libnvidia-ml's path under --driver-root, e.g. /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1; only a file root owns and only root can change is loaded (empty: the dynamic loader's search)")
-	fs.StringVar(&cfg.DriverRoot, "driver-root", def.DriverRoot, "where the NVIDIA driver's files are as gpud sees them: / on a host, the host's driver root mounted into gpud's pod (e.g. /driver-root)")
+	fs.Var(config.NewList(&cfg.CgroupParents, def.CgroupParents, cgroups.CheckParent), "cgroup-parents", "more cgroup v2 parents where runtimes make workload cgroups")
+	fs.Var(config.NewEnum(&o.nvml, "auto", "auto", "off"), "nvml", "NVML for UUIDs, utilization, memory, MIG and health: `auto|off`")
+	fs.StringVar(&cfg.NVMLLibrary, "nvml-library", def.NVMLLibrary, "libnvidia-ml's path under --driver-root (empty: searched)")
+	fs.StringVar(&cfg.DriverRoot, "driver-root", def.DriverRoot, "the NVIDIA driver's files as gpud sees them (/ on a host)")
+	fs.StringVar(&cfg.MIGMinorsFile, "mig-minors-file", def.MIGMinorsFile, "MIG capability table: each MIG slice a GPU, by its nvidia-caps node")
 	fs.Var(config.NewEnum(&o.logLevel, "info", "debug", "info", "warn", "error"), "log-level", "log level: `debug|info|warn|error` (reloadable)")
-	fs.BoolVar(&o.monitoring, "monitoring", true, "the monitoring switch at start; unset, the last run's (or gpud monitor's) setting stays (reloadable)")
+	fs.BoolVar(&o.monitoring, "monitoring", true, "the monitoring switch at start (unset: the last one stays; reloadable)")
 	fs.BoolVar(&cfg.Enforce, "enforce", def.Enforce, "enforce the priority rules in the kernel gate (false: observe only)")
-	fs.DurationVar(&cfg.FailOpenAfter, "fail-open-after", def.FailOpenAfter, "the gate allows everything once gpud has not heartbeated for this long")
-	fs.Var(config.NewEnum(&o.defPrio, string(def.DefaultPriority), "unmanaged", "low", "high"), "default-priority", "class of workloads without the gpud.io/priority label: `unmanaged|low|high` (reloadable)")
-	fs.DurationVar(&cfg.PreemptGrace, "preempt-grace", 0, "SIGTERM → SIGKILL delay for preempted processes (0: SIGKILL at once; reloadable)")
-	fs.Var(config.NewEnum(&cfg.PreemptMode, def.PreemptMode, "kill", "freeze", "checkpoint"), "preempt-mode", "how low-priority holders are preempted: `kill|freeze|checkpoint` (freeze: their workload's cgroup is frozen, nothing lost, and thawed once no high-priority process holds the GPU; checkpoint: each CUDA process's GPU memory is first moved to host memory through the driver's checkpoint API, releasing the GPU; a workload's gpud.io/preempt-mode label overrides it where --preempt-mode-namespaces or --preempt-mode-containers allows)")
-	fs.Var(config.NewList(&cfg.PreemptModeNamespaces, def.PreemptModeNamespaces, workload.CheckPreemptModeNamespace), "preempt-mode-namespaces", "which preempt modes pods may choose with their gpud.io/preempt-mode label: namespace=mode entries (namespace * for every namespace), comma-separated; kill may always be chosen, a mode not allowed here is ignored and --preempt-mode applies (\"\": only kill)")
-	fs.Var(config.NewList(&cfg.PreemptModeContainers, def.PreemptModeContainers, workload.CheckPreemptModeChoice), "preempt-mode-containers", "which preempt modes Docker containers may choose with their gpud.io/preempt-mode label (freeze, checkpoint), comma-separated; kill may always be chosen (\"\": only kill)")
-	fs.Var(config.NewEnum(&cfg.CheckpointFallback, def.CheckpointFallback, "freeze", "kill"), "checkpoint-fallback", "what --preempt-mode checkpoint does where the CUDA checkpoint is unsupported or fails: `freeze|kill`")
-	fs.DurationVar(&cfg.CheckpointTimeout, "checkpoint-timeout", def.CheckpointTimeout, "bound on the CUDA lock of one process in --preempt-mode checkpoint (a multi-process or NCCL job's lock can hang)")
-	fs.StringVar(&cfg.CUDALibrary, "cuda-library", "", "libcuda's path under --driver-root for --preempt-mode checkpoint, loaded only when root's and only root can change it (empty: the first libcuda.so.1 in the library directories under --driver-root, or the dynamic loader's search on /)")
-	fs.DurationVar(&cfg.MaxFrozen, "max-frozen", def.MaxFrozen, "a workload frozen by --preempt-mode freeze this long is killed and reclaimed (0: never)")
-	fs.Var(config.NewEnum(&cfg.Reclaim, def.Reclaim, "stop", "remove", "evict", "delete", "none"), "reclaim", "what happens to a preempted or refused low-priority workload: `stop|remove|evict|delete|none` (stop/remove for containers, evict/delete for pods, stop=evict, remove=delete)")
-	fs.DurationVar(&cfg.ReservationTTL, "reservation-ttl", def.ReservationTTL, "how long a freed GPU waits for its earliest refused low-priority requester")
-	fs.StringVar(&cfg.CheckpointRoot, "checkpoint-root", def.CheckpointRoot, "where gpud-preempted.json notices go, one directory per task: <namespace>/<task id> (_docker/<task id> for a Docker container)")
-	fs.StringVar(&cfg.HostCheckpointRoot, "host-checkpoint-root", "", "--checkpoint-root as the host sees it, for the checkpoint mounts NRI gives when gpud runs in a pod (default: the same)")
-	fs.StringVar(&cfg.KubeConfig, "kubeconfig", "", "API server for pod labels (default: in-cluster config when in a pod, else none)")
-	fs.StringVar(&cfg.CRIEndpoint, "cri-endpoint", "", "container runtime socket for pod labels when there is no API server (default: containerd's or CRI-O's if present; none disables)")
-	fs.StringVar(&cfg.NRISocket, "nri-socket", def.NRISocket, "the container runtime's NRI socket: pods classified before their containers start, whenever it is there (none disables)")
-	fs.Var(config.NewList(&cfg.AgentComms, def.AgentComms, workload.CheckComm), "agent-comms", "system agents by process name (comm, at most 15 bytes), comma-separated: a root host process outside every container and pod with one of these names is an agent (a container is one by its label gpud.io/agent=true), shown but never a holder (\"\" for none)")
-	fs.Var(config.NewList(&cfg.AgentNamespaces, def.AgentNamespaces, workload.CheckNamespace), "agent-namespaces", "namespaces whose pods may be system agents (the GPU Operator's), comma-separated (\"\" for none)")
-	fs.Var(config.NewList(&cfg.AgentLabels, def.AgentLabels, workload.CheckLabel), "agent-labels", "pods of --agent-namespaces with one of these labels (key=value, value may hold * and ?) are system agents, comma-separated (\"\": every pod of those namespaces)")
-	fs.BoolVar(&cfg.DevicePlugin, "device-plugin", false, "lend idle GPUs to kubelet as --resource-name through a device plugin")
+	fs.DurationVar(&cfg.FailOpenAfter, "fail-open-after", def.FailOpenAfter, "the gate allows everything after this long without gpud")
+	fs.Var(config.NewEnum(&o.defPrio, string(def.DefaultPriority), "unmanaged", "low", "high"), "default-priority", "class of unlabelled workloads: `unmanaged|low|high` (reloadable)")
+	fs.DurationVar(&cfg.PreemptGrace, "preempt-grace", 0, "SIGTERM → SIGKILL delay of preempted processes (reloadable)")
+	fs.Var(config.NewEnum(&cfg.PreemptMode, def.PreemptMode, "kill", "freeze", "checkpoint"), "preempt-mode", "how low-priority holders are preempted: `kill|freeze|checkpoint`")
+	fs.Var(config.NewList(&cfg.PreemptModeNamespaces, def.PreemptModeNamespaces, workload.CheckPreemptModeNamespace), "preempt-mode-namespaces", "modes pods may choose by label: namespace=mode,... (\"\": only kill)")
+	fs.Var(config.NewList(&cfg.PreemptModeContainers, def.PreemptModeContainers, workload.CheckPreemptModeChoice), "preempt-mode-containers", "modes Docker containers may choose by label (\"\": only kill)")
+	fs.Var(config.NewEnum(&cfg.CheckpointFallback, def.CheckpointFallback, "freeze", "kill"), "checkpoint-fallback", "where the CUDA checkpoint cannot be done: `freeze|kill`")
+	fs.DurationVar(&cfg.CheckpointTimeout, "checkpoint-timeout", def.CheckpointTimeout, "bound on one process's CUDA lock in --preempt-mode checkpoint")
+	fs.StringVar(&cfg.CUDALibrary, "cuda-library", "", "libcuda's path under --driver-root (empty: searched)")
+	fs.DurationVar(&cfg.MaxFrozen, "max-frozen", def.MaxFrozen, "a workload frozen this long is killed and reclaimed (0: never)")
+	fs.Var(config.NewEnum(&cfg.Reclaim, def.Reclaim, "stop", "remove", "evict", "delete", "none"), "reclaim", "fate of a preempted or refused workload: `stop|remove|evict|delete|none`")
+	fs.DurationVar(&cfg.ReservationTTL, "reservation-ttl", def.ReservationTTL, "how long a freed GPU waits for its earliest refused requester")
+	fs.StringVar(&cfg.CheckpointRoot, "checkpoint-root", def.CheckpointRoot, "where gpud-preempted.json notices go, one directory per task")
+	fs.StringVar(&cfg.HostCheckpointRoot, "host-checkpoint-root", "", "--checkpoint-root as the host sees it (default: the same)")
+	fs.StringVar(&cfg.KubeConfig, "kubeconfig", "", "API server for pod labels (default: in-cluster in a pod, else none)")
+	fs.StringVar(&cfg.CRIEndpoint, "cri-endpoint", "", "runtime socket for pod labels without an API server (none disables)")
+	fs.StringVar(&cfg.NRISocket, "nri-socket", def.NRISocket, "the runtime's NRI socket, to classify pods first (none disables)")
+	fs.Var(config.NewList(&cfg.AgentComms, def.AgentComms, workload.CheckComm), "agent-comms", "process names of the host's system agents (\"\": none)")
+	fs.Var(config.NewList(&cfg.AgentNamespaces, def.AgentNamespaces, workload.CheckNamespace), "agent-namespaces", "namespaces whose pods may be system agents (\"\": none)")
+	fs.Var(config.NewList(&cfg.AgentLabels, def.AgentLabels, workload.CheckLabel), "agent-labels", "key=glob labels of agent pods in --agent-namespaces (\"\": all)")
+	fs.BoolVar(&cfg.DevicePlugin, "device-plugin", false, "lend idle GPUs to kubelet as --resource-name (device plugin)")
 	fs.StringVar(&cfg.ResourceName, "resource-name", def.ResourceName, "extended resource of lent GPUs")
 	fs.StringVar(&cfg.OwnerResource, "owner-resource", def.OwnerResource, "resource through which pods own GPUs (their owners)")
 	fs.StringVar(&cfg.KubeletDir, "kubelet-dir", def.KubeletDir, "kubelet's device-plugin directory (kubelet.sock)")
 	fs.StringVar(&cfg.PodResourcesSocket, "pod-resources-socket", def.PodResourcesSocket, "kubelet's PodResources socket")
-	fs.StringVar(&cfg.HostDevDir, "host-dev-dir", "", "--dev-dir as the host sees it, for lent device nodes when gpud runs in a pod (default: the same)")
+	fs.StringVar(&cfg.HostDevDir, "host-dev-dir", "", "--dev-dir as the host sees it (default: the same)")
 	fs.BoolVar(&cfg.LendFree, "lend-free", false, "also lend GPUs nobody holds (not only idle ones)")
-	fs.StringVar(&o.lendMinMem, "lend-min-free-memory", resource.NewQuantity(int64(def.LendMinFreeMemory), resource.BinarySI).String(), "lend a GPU only with at least this much free memory, from NVML, e.g. 4Gi (0: any)")
-	fs.Var(config.NewList(&cfg.CDISpecDirs, def.CDISpecDirs, config.CheckAbsPath), "cdi-spec-dirs", "the container runtime's CDI spec directories, comma-separated: a lent GPU is named by CDI only when a spec there defines it (a CDI-enabled runtime refuses an undefined device)")
-	fs.StringVar(&cfg.CDIKind, "cdi-kind", def.CDIKind, "CDI kind a lent GPU is named under to CDI-enabled runtimes, as KIND=<UUID> when NVML gives the UUID (empty: no CDI device, only the node and NVIDIA_VISIBLE_DEVICES)")
-	fs.BoolVar(&cfg.DRA, "dra", false, "share GPUs by memory through DRA: a kubelet plugin (driver gpud.io) publishes each shared GPU with its memory as a consumable capacity and prepares the claims the scheduler allocates on it")
-	fs.Var(config.NewList(&cfg.DRASharedGPUs, def.DRASharedGPUs, checkShared), "dra-shared-gpus", "GPUs shared by memory: all, none, or UUIDs and indexes (N of /dev/nvidiaN), comma-separated")
+	fs.StringVar(&o.lendMinMem, "lend-min-free-memory", resource.NewQuantity(int64(def.LendMinFreeMemory), resource.BinarySI).String(), "lend a GPU only with this much free memory, e.g. 4Gi (0: any)")
+	fs.Var(config.NewList(&cfg.CDISpecDirs, def.CDISpecDirs, config.CheckAbsPath), "cdi-spec-dirs", "the container runtime's CDI spec directories")
+	fs.StringVar(&cfg.CDIKind, "cdi-kind", def.CDIKind, "CDI kind lent GPUs are named under, as KIND=<UUID> (empty: none)")
+	fs.BoolVar(&cfg.DRA, "dra", false, "share GPUs by memory through DRA (kubelet plugin, driver gpud.io)")
+	fs.Var(config.NewList(&cfg.DRASharedGPUs, def.DRASharedGPUs, checkShared), "dra-shared-gpus", "GPUs shared by memory: all, none, or UUIDs and indexes")
 	size := func(p *string, name string, v uint64, help string) {
 		fs.StringVar(p, name, resource.NewQuantity(int64(v), resource.BinarySI).String(), help)
 	}
-	size(&o.draMem[0], "dra-memory-reserve", def.DRAMemoryReserve, "memory of each shared GPU kept out of its shares (the driver's and CUDA contexts' own)")
+	size(&o.draMem[0], "dra-memory-reserve", def.DRAMemoryReserve, "memory of each shared GPU kept out of its shares")
 	size(&o.draMem[1], "dra-memory-min", def.DRAMemoryMin, "smallest share of a GPU's memory a claim may ask")
 	size(&o.draMem[2], "dra-memory-step", def.DRAMemoryStep, "shares are rounded up to a multiple of this (0: any size)")
-	size(&o.draMem[3], "dra-memory-default", def.DRAMemoryDefault, "the share of a request that asks no memory, e.g. each device of the gpud.io/gpu-mem extended resource")
-	fs.StringVar(&cfg.DRAPluginDir, "dra-plugin-dir", def.DRAPluginDir, "the DRA plugin's directory as the host sees it (its socket; kubelet connects there)")
+	size(&o.draMem[3], "dra-memory-default", def.DRAMemoryDefault, "the share of a request that asks no memory")
+	fs.StringVar(&cfg.DRAPluginDir, "dra-plugin-dir", def.DRAPluginDir, "the DRA plugin's directory as the host sees it")
 	fs.StringVar(&cfg.DRARegistryDir, "dra-registry-dir", def.DRARegistryDir, "kubelet's plugin registration directory as the host sees it")
-	fs.StringVar(&cfg.DRACDIDir, "dra-cdi-dir", def.DRACDIDir, "where the CDI specs of prepared claims are written: one of the container runtime's CDI spec directories")
-	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", def.MetricsAddr, "Prometheus /metrics, /healthz and /readyz listen address (empty disables)")
-	fs.StringVar(&cfg.MetricsWebConfig, "metrics-web-config", def.MetricsWebConfig, "TLS and basic auth for the metrics port: a Prometheus exporter-toolkit web config file, root's, that only root can change (empty: plain HTTP)")
-	fs.StringVar(&cfg.HealthAddr, "health-addr", def.HealthAddr, "also serve /healthz and /readyz alone, plain HTTP, on this address, e.g. 127.0.0.1:9408 for kubelet's probes, where no pod without hostNetwork can reach or starve it (the chart always sets it; empty: metrics port only)")
-	fs.StringVar(&cfg.PprofAddr, "pprof-addr", def.PprofAddr, "serve Go profiles (/debug/pprof/) on this loopback address, e.g. 127.0.0.1:6060 (empty disables; loopback only)")
-	fs.StringVar(&cfg.PinDir, "bpf-pin-dir", def.PinDir, "bpffs directory where the gate stays pinned across gpud restarts and crashes (empty: the gate goes with the process)")
-	fs.Var(config.NewEnum(&cfg.Hooks, def.Hooks, "driver", "syscalls"), "hooks", "how the kernel side observes GPU file descriptors: `driver|syscalls` (driver: the gate reports GPU opens, process events and kprobes on the GPU driver's release and receive_fd report the rest, nothing runs on the syscall path; where the kernel has no kprobes, closes are found by re-reading the holders' fd tables every 2s; syscalls: tracepoints on every syscall's entry and exit, which every syscall of every process on the node pays for, for kernels where the gate cannot report opens)")
-	fs.StringVar(&cfg.DriverSymbols, "driver-symbols", "", "kernel functions --hooks driver probes: `release=SYM[,SYM...];receive=SYM[,SYM...]` (empty or a role left out: NVIDIA's, release=nvidia_close,nvidia_frontend_close;receive=receive_fd,__receive_fd)")
-	fs.BoolVar(&cfg.KeepEnforcing, "keep-enforcing", def.KeepEnforcing, "on stop, leave the pinned gate enforcing the last decisions until --fail-open-after (false: remove it)")
-	fs.BoolVar(&o.uninstall, "uninstall", false, "remove the pinned gate and its directory left by a previous gpud, then exit")
-	fs.StringVar(&cfg.DockerHost, "docker-host", "", "Docker engine for labels and reclaim (default $DOCKER_HOST or the local socket; none disables)")
+	fs.StringVar(&cfg.DRACDIDir, "dra-cdi-dir", def.DRACDIDir, "where the CDI specs of prepared claims are written")
+	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", def.MetricsAddr, "Prometheus /metrics, /healthz and /readyz address (empty disables)")
+	fs.StringVar(&cfg.MetricsWebConfig, "metrics-web-config", def.MetricsWebConfig, "TLS and basic auth of --metrics-addr: a web config file")
+	fs.StringVar(&cfg.HealthAddr, "health-addr", def.HealthAddr, "/healthz and /readyz alone, plain HTTP, e.g. 127.0.0.1:9408")
+	fs.StringVar(&cfg.PprofAddr, "pprof-addr", def.PprofAddr, "Go profiles on this loopback address, e.g. 127.0.0.1:6060")
+	fs.StringVar(&cfg.PinDir, "bpf-pin-dir", def.PinDir, "bpffs directory keeping the gate pinned across restarts")
+	fs.Var(config.NewEnum(&cfg.Hooks, def.Hooks, "driver", "syscalls"), "hooks", "how the kernel side sees GPU fds: `driver|syscalls`")
+	fs.StringVar(&cfg.DriverSymbols, "driver-symbols", "", "kernel functions --hooks driver probes: `SYMS`, release=a,b;receive=c")
+	fs.BoolVar(&cfg.KeepEnforcing, "keep-enforcing", def.KeepEnforcing, "on stop, the pinned gate enforces until --fail-open-after")
+	fs.BoolVar(&o.uninstall, "uninstall", false, "deprecated: gpud uninstall")
+	fs.StringVar(&cfg.DockerHost, "docker-host", "", "Docker engine for labels and reclaim (none disables)")
+	// gpud uninstall is the one command that removes gpud from a node:
+	// --uninstall stays for the scripts that use it, out of the help.
+	_ = fs.MarkHidden("uninstall")
+	groupRunFlags(fs)
 	return fs, o
 }
 
@@ -151,6 +157,11 @@ func checkShared(s string) error {
 // file, where a forgotten GPUD_UNINSTALL=true would stop every start.
 var flagOnly = []string{"uninstall"}
 
+// notSettings are the GPUD_* variables gpud gives workloads (lending's
+// GPUD_GPU and GPUD_OWNER, NRI's GPUD_RESUME_FROM, DRA's GPUD_GPU_UUID and
+// GPUD_GPU_MEMORY_LIMIT_MIB): no setting, and no misspelt one either.
+var notSettings = []string{"GPUD_GPU", "GPUD_OWNER", "GPUD_RESUME_FROM", "GPUD_GPU_UUID", "GPUD_GPU_MEMORY_LIMIT_MIB"}
+
 // reloadable are the settings SIGHUP applies to the running daemon.
 var reloadable = map[string]bool{
 	"idle-after": true, "default-priority": true, "preempt-grace": true, "monitoring": true, "log-level": true,
@@ -163,6 +174,7 @@ var reloadable = map[string]bool{
 func loadRun(args []string, src config.Sources) (*runOptions, *config.Settings, error) {
 	fs, o := runFlags()
 	src.FlagOnly = flagOnly
+	src.NotSettings = notSettings
 	s, err := config.Load(fs, args, src)
 	if err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
@@ -220,6 +232,18 @@ func loadRun(args []string, src config.Sources) (*runOptions, *config.Settings, 
 	return o, s, nil
 }
 
+// warnUnknownEnv logs each GPUD_* variable no setting reads: a misspelt
+// setting (GPUD_IDEL_AFTER) would otherwise be ignored without a word.
+func warnUnknownEnv(log *slog.Logger, s *config.Settings) {
+	for _, u := range s.UnknownEnv {
+		attrs := []any{"variable", u.Name}
+		if u.Suggestion != "" {
+			attrs = append(attrs, "did_you_mean", u.Suggestion)
+		}
+		log.Warn(u.String(), attrs...)
+	}
+}
+
 // newLogger is gpud run's logger: JSON lines on w, client-go's and gRPC's
 // included (one stream a log collector can parse).
 func newLogger(w io.Writer, level *slog.LevelVar) *slog.Logger {
@@ -266,6 +290,7 @@ func newRunCmd() *cobra.Command {
 	fs, _ := runFlags()
 	c.Flags().SortFlags = false
 	c.Flags().AddFlagSet(fs)
+	c.SetUsageFunc(runUsage)
 	// Flag values to complete: cobra completes flag names of a command
 	// that parses its own flags, values are this function's.
 	values := map[string][]string{
@@ -300,10 +325,12 @@ func cmdRun(args []string) error {
 		return err
 	}
 	if o.uninstall {
+		// What it always did (the gate alone), by gpud uninstall's code.
+		fmt.Fprintln(os.Stderr, "gpud: run --uninstall is deprecated: use gpud uninstall (it removes gpud's files too; --keep-records keeps the journal)")
 		if o.cfg.PinDir == "" {
 			return usagef("run: --uninstall needs --bpf-pin-dir")
 		}
-		if err := bpf.Uninstall(o.cfg.PinDir); err != nil {
+		if err := uninstall.Node(uninstall.Paths{PinDir: o.cfg.PinDir}, slog.New(slog.DiscardHandler)); err != nil {
 			return fmt.Errorf("run: uninstall: %w", err)
 		}
 		fmt.Printf("gpud: removed the gate pinned under %s (if any)\n", o.cfg.PinDir)
@@ -315,6 +342,7 @@ func cmdRun(args []string) error {
 	if s.File != "" {
 		log.Info("settings file read", "file", s.File)
 	}
+	warnUnknownEnv(log, s)
 
 	if o.cfg.PprofAddr != "" {
 		if err := servePprof(ctx, o.cfg.PprofAddr, log); err != nil {

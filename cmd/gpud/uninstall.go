@@ -48,7 +48,7 @@ func newUninstallCmd() *cobra.Command {
 		Use:   "uninstall",
 		Short: "remove gpud's pinned gate and state from this node (or, with --daemonset, from every node)",
 		Long:  uninstallAbout,
-		Args:  cobra.NoArgs,
+		Args:  noArgs,
 		RunE: ran(func(c *cobra.Command, _ []string) error {
 			p.KeepRecords = keepRecords
 			log := newLogger(c.ErrOrStderr(), new(slog.LevelVar))
@@ -73,7 +73,7 @@ func newUninstallCmd() *cobra.Command {
 				ctx, cancel := context.WithTimeout(context.Background(), timeout)
 				defer cancel()
 				cleaned, notCleaned, err := uninstall.Cleanup{
-					Client: client, Namespace: namespace, DaemonSet: daemonSet, Log: log,
+					Client: kube.DaemonSets{Client: client}, Namespace: namespace, DaemonSet: daemonSet, Log: log,
 					Args:  append(append([]string{"uninstall"}, nodeArgs...), "--wait"),
 					Check: append([]string{binary, "uninstall", "--check"}, nodeArgs...),
 				}.Run(ctx)

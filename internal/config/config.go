@@ -65,6 +65,12 @@ type Sources struct {
 	// run --uninstall): only the command line sets them; in the file they
 	// are unknown keys, and their variables are not read.
 	FlagOnly []string
+	// Environ lists the environment, for the GPUD_* variables that are no
+	// setting's (default os.Environ).
+	Environ func() []string
+	// NotSettings are GPUD_* variables that are known but no setting (the
+	// ones gpud gives workloads): never reported as unknown.
+	NotSettings []string
 }
 
 func (s Sources) lookupEnv(k string) (string, bool) {
@@ -72,6 +78,13 @@ func (s Sources) lookupEnv(k string) (string, bool) {
 		return s.LookupEnv(k)
 	}
 	return os.LookupEnv(k)
+}
+
+func (s Sources) environ() []string {
+	if s.Environ != nil {
+		return s.Environ()
+	}
+	return os.Environ()
 }
 
 func (s Sources) readFile(p string) ([]byte, error) {
@@ -93,6 +106,32 @@ type Settings struct {
 	FS     *pflag.FlagSet
 	File   string            // the file read, "" when none
 	origin map[string]string // flag name → where its value came from
+	// UnknownEnv are the GPUD_* variables of the environment that no
+	// setting reads, sorted: a misspelt one would otherwise be ignored
+	// without a word (the file's unknown keys are errors; a variable may
+	// be meant for another gpud, so it is only reported).
+	UnknownEnv []UnknownVar
+}
+
+// UnknownVar is a GPUD_* variable no setting reads.
+type UnknownVar struct {
+	Name string
+	// Suggestion is the setting's variable it is closest to, "" if none
+	// is close.
+	Suggestion string
+	// Action is the command-line-only flag (Sources.FlagOnly) whose
+	// variable this would be, "" if none.
+	Action string
+}
+
+func (u UnknownVar) String() string {
+	switch {
+	case u.Action != "":
+		return fmt.Sprintf("variable %s is not read (--%s is an action: command line only)", u.Name, u.Action)
+	case u.Suggestion != "":
+		return fmt.Sprintf("unknown variable %s (did you mean %s?)", u.Name, u.Suggestion)
+	}
+	return fmt.Sprintf("unknown variable %s (no setting of this name)", u.Name)
 }
 
 // Origin says where name's value came from: "default", "flag --name",
@@ -184,7 +223,11 @@ func Load(fs *pflag.FlagSet, args []string, src Sources) (*Settings, error) {
 			origin := fmt.Sprintf("file %s:%d", path, e.Line)
 			f := fs.Lookup(e.Key)
 			if f == nil || e.Key == FileFlag || slices.Contains(src.FlagOnly, e.Key) {
-				return nil, &Error{Key: keyName(e.Key), Origin: origin, Msg: "unknown key"}
+				hint := ""
+				if f == nil {
+					hint = didYouMean(closest(fs, e.Key, append([]string{FileFlag}, src.FlagOnly...)))
+				}
+				return nil, &Error{Key: keyName(e.Key), Origin: origin, Msg: "unknown key" + hint}
 			}
 			if err := fs.Set(e.Key, e.Value); err != nil {
 				return nil, s.setError(f, origin, e.Value, err)
@@ -221,7 +264,90 @@ func Load(fs *pflag.FlagSet, args []string, src Sources) (*Settings, error) {
 	for name := range explicit {
 		s.origin[name] = "flag --" + name
 	}
+	s.UnknownEnv = unknownEnv(fs, src)
 	return s, nil
+}
+
+// unknownEnv finds the GPUD_* variables of the environment that no flag of
+// fs reads, each with the setting's variable it most likely misspells.
+func unknownEnv(fs *pflag.FlagSet, src Sources) []UnknownVar {
+	known := map[string]string{} // variable → its flag
+	fs.VisitAll(func(f *pflag.Flag) { known[EnvName(f.Name)] = f.Name })
+	var out []UnknownVar
+	seen := map[string]bool{}
+	for _, kv := range src.environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		if !strings.HasPrefix(name, EnvPrefix) || seen[name] || slices.Contains(src.NotSettings, name) {
+			continue
+		}
+		seen[name] = true
+		flag, ok := known[name]
+		switch {
+		case ok && slices.Contains(src.FlagOnly, flag):
+			out = append(out, UnknownVar{Name: name, Action: flag})
+		case !ok:
+			u := UnknownVar{Name: name}
+			asFlag := strings.ToLower(strings.ReplaceAll(strings.TrimPrefix(name, EnvPrefix), "_", "-"))
+			if f := closest(fs, asFlag, src.FlagOnly); f != "" {
+				u.Suggestion = EnvName(f)
+			}
+			out = append(out, u)
+		}
+	}
+	slices.SortFunc(out, func(a, b UnknownVar) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
+// closest is the flag of fs that name most likely misspells (a slip of a
+// key or two, not another word), "" if none is close; skip are never
+// suggested.
+func closest(fs *pflag.FlagSet, name string, skip []string) string {
+	best, bestD := "", 0
+	fs.VisitAll(func(f *pflag.Flag) {
+		if f.Hidden || slices.Contains(skip, f.Name) {
+			return
+		}
+		d := editDistance(name, f.Name)
+		if d <= 2 && 3*d <= len(f.Name) && (best == "" || d < bestD) {
+			best, bestD = f.Name, d
+		}
+	})
+	return best
+}
+
+// didYouMean is an error's hint for a misspelt name.
+func didYouMean(s string) string {
+	if s == "" {
+		return ""
+	}
+	return " (did you mean " + s + "?)"
+}
+
+// editDistance is the optimal string alignment distance between a and b:
+// insertions, deletions, substitutions and swaps of adjacent characters
+// (IDEL for IDLE) each count one.
+func editDistance(a, b string) int {
+	prev2 := make([]int, len(b)+1)
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+			if i > 1 && j > 1 && a[i-1] == b[j-2] && a[i-2] == b[j-1] {
+				cur[j] = min(cur[j], prev2[j-2]+1)
+			}
+		}
+		prev2, prev, cur = prev, cur, prev2
+	}
+	return prev[len(b)]
 }
 
 // parseArgs parses the command line into fs: flags anywhere among the
@@ -245,7 +371,11 @@ func parseArgs(fs *pflag.FlagSet, args []string) error {
 			return &Error{Key: name, Origin: "flag --" + name, Msg: "no value"}
 		case errors.As(err, &unknown):
 			if n := unknown.GetSpecifiedName(); n != "" {
-				return fmt.Errorf("unknown flag --%s", clip(n))
+				hint := ""
+				if c := closest(fs, n, nil); c != "" {
+					hint = didYouMean("--" + c)
+				}
+				return fmt.Errorf("unknown flag --%s%s", clip(n), hint)
 			}
 			return fmt.Errorf("unknown flag -%s", clip(unknown.GetSpecifiedShortnames()))
 		}

@@ -150,7 +150,7 @@ func TestBadInputs(t *testing.T) {
 		{[]string{"--config", "/noversion"}, nil, `version (file /noversion): missing (want v1)`},
 		{[]string{"--config", "/empty"}, nil, `version (file /empty): missing (want v1)`},
 		{[]string{"--config", "/comment"}, nil, `version (file /comment): missing (want v1)`},
-		{[]string{"--config", "/unknown"}, nil, `idle_after (file /unknown:3): unknown key`},
+		{[]string{"--config", "/unknown"}, nil, `idle_after (file /unknown:3): unknown key (did you mean idle-after?)`},
 		{[]string{"--config", "/unknownbeforev"}, nil, `bogus (file /unknownbeforev:1): unknown key`},
 		{[]string{"--config", "/nested"}, nil, `config (file /nested:2): unknown key`},
 		{[]string{"--config", "/duration"}, nil, `idle-after (file /duration:2): invalid duration "5 minutes" (want e.g. 30s, 5m or 1h)`},
@@ -324,5 +324,48 @@ func TestList(t *testing.T) {
 	}
 	if r := (Run{AgentComms: []string{}}).Complete(); len(r.AgentComms) != 0 {
 		t.Errorf("Complete filled an explicitly empty list: %q", r.AgentComms)
+	}
+}
+
+// A GPUD_* variable no flag reads is reported, with the variable it most
+// likely misspells (a swap, a missing or extra letter); one of another word
+// has no suggestion, a flag-only action's is said not to be read, and
+// NotSettings are left alone.
+func TestUnknownEnv(t *testing.T) {
+	fs, _ := newFlags()
+	fs.Bool("uninstall", false, "action")
+	src := Sources{
+		LookupEnv: func(string) (string, bool) { return "", false },
+		Environ: func() []string {
+			return []string{"GPUD_IDEL_AFTER=1m", "GPUD_PREEMPT_GRACEE=1s", "GPUD_ENFORCE=true", "GPUD_UNINSTALL=1",
+				"GPUD_RESUME_FROM=/x", "GPUD_NOTHING_LIKE_IT=1", "PATH=/bin", "GPUD_IDEL_AFTER=2m"}
+		},
+		FlagOnly:    []string{"uninstall"},
+		NotSettings: []string{"GPUD_RESUME_FROM"},
+	}
+	s, err := Load(fs, nil, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, u := range s.UnknownEnv {
+		got = append(got, u.String())
+	}
+	want := []string{
+		"unknown variable GPUD_IDEL_AFTER (did you mean GPUD_IDLE_AFTER?)",
+		"unknown variable GPUD_NOTHING_LIKE_IT (no setting of this name)",
+		"unknown variable GPUD_PREEMPT_GRACEE (did you mean GPUD_PREEMPT_GRACE?)",
+		"variable GPUD_UNINSTALL is not read (--uninstall is an action: command line only)",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("unknown variables:\n%q\nwant\n%q", got, want)
+	}
+	for _, tc := range []struct {
+		a, b string
+		d    int
+	}{{"IDEL_AFTER", "IDLE_AFTER", 1}, {"IDLE_AFTER", "IDLE_AFTER", 0}, {"IDLEAFTER", "IDLE_AFTER", 1}, {"", "AB", 2}, {"ABC", "CBA", 2}} {
+		if d := editDistance(tc.a, tc.b); d != tc.d {
+			t.Errorf("editDistance(%q, %q) = %d, want %d", tc.a, tc.b, d, tc.d)
+		}
 	}
 }

@@ -36,7 +36,11 @@ type Run struct {
 	// DriverRoot is where the driver's files are as gpud sees them: "/" on
 	// a host, the host's driver root mounted into gpud's pod otherwise.
 	DriverRoot string
-	RingBytes  uint32 // kernel → user ring buffer size
+	// MIGMinorsFile is the driver's table of MIG capability minors
+	// (/proc/driver/nvidia-caps/mig-minors): with it, each MIG instance is a
+	// GPU of its own, keyed by its capability node in DevDir/nvidia-caps.
+	MIGMinorsFile string
+	RingBytes     uint32 // kernel → user ring buffer size
 	// Hooks is how the kernel side observes GPU fds: "driver", the
 	// default (the gate reports opens; the driver's release and
 	// receive_fd are probed where the kernel has kprobes; nothing on the
@@ -172,6 +176,7 @@ func Defaults() Run {
 		ProcRoot:           "/proc",
 		UseNVML:            true,
 		DriverRoot:         "/",
+		MIGMinorsFile:      "/proc/driver/nvidia-caps/mig-minors",
 		RingBytes:          1 << 20, // 16 384 events of 64 bytes; counted twice in RSS (mapped twice)
 		Hooks:              "driver",
 		Enforce:            true,
@@ -249,6 +254,7 @@ func (r Run) Complete() Run {
 	str(&r.StateDir, d.StateDir)
 	str(&r.ProcRoot, d.ProcRoot)
 	str(&r.DriverRoot, d.DriverRoot)
+	str(&r.MIGMinorsFile, d.MIGMinorsFile)
 	str(&r.Hooks, d.Hooks)
 	str(&r.Reclaim, d.Reclaim)
 	str(&r.PreemptMode, d.PreemptMode)

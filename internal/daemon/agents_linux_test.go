@@ -21,12 +21,8 @@ import (
 func agentEnv(t *testing.T, def occupancy.Priority, idleAfter time.Duration) *env {
 	t.Helper()
 	testutil.RequireRoot(t)
-	e := newEnv(t)
-	e.cfg.Enforce = true
-	e.cfg.DockerHost = "none"
-	e.cfg.CRIEndpoint = "none"
+	e := sourcelessEnv(t)
 	e.cfg.NRISocket = "none"
-	e.cfg.Reclaim = "none"
 	e.cfg.DefaultPriority = def
 	e.cfg.IdleAfter = idleAfter
 	e.start()

@@ -255,15 +255,9 @@ func startBenchDaemonWith(b *testing.B, devDir string, set func(*daemon.Config))
 	cfg := daemon.Config{Run: config.Run{DevDir: devDir, StateFile: filepath.Join(dir, "state.json"), StateDir: dir,
 		IdleAfter: time.Minute, NodeName: "bench"}}
 	set(&cfg)
-	d, err := daemon.New(cfg, discardLogger())
-	if err != nil {
-		b.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	testutil.Eventually(b, 5*time.Second, "the condition", d.Ready)
-	return &benchDaemon{d: d, stop: func() { cancel(); <-done }}
+	d, stop := runDaemon(b, cfg, discardLogger())
+	waitReady(b, d)
+	return &benchDaemon{d: d, stop: stop}
 }
 
 func discardLogger() *slog.Logger {

@@ -1,9 +1,7 @@
 package daemon_test
 
 import (
-	"context"
 	"fmt"
-	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -70,6 +68,18 @@ func newEnv(t *testing.T) *env {
 	return e
 }
 
+// sourcelessEnv is newEnv enforcing with no workload source (no Docker,
+// no CRI) and no reclaim: the tests put workloads in the registry as a
+// source would.
+func sourcelessEnv(t *testing.T) *env {
+	e := newEnv(t)
+	e.cfg.Enforce = true
+	e.cfg.DockerHost = "none"
+	e.cfg.CRIEndpoint = "none"
+	e.cfg.Reclaim = "none"
+	return e
+}
+
 func (e *env) start() {
 	e.t.Helper()
 	e.stop = e.startDaemon()
@@ -84,27 +94,8 @@ func (e *env) restart() {
 
 func (e *env) startDaemon() func() {
 	e.t.Helper()
-	log := slog.New(slog.NewJSONHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	d, err := daemon.New(e.cfg, log)
-	if err != nil {
-		e.t.Fatal(err)
-	}
+	d, stop := runDaemon(e.t, e.cfg, debugLog(e.logs))
 	e.d = d
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	stopped := false
-	stop := func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		cancel()
-		if err := <-done; err != nil {
-			e.t.Errorf("daemon: %v", err)
-		}
-	}
-	e.t.Cleanup(stop)
 	return stop
 }
 
@@ -249,28 +240,8 @@ func TestForkExecExit(t *testing.T) {
 
 	parent := startHelper(t)
 	fd := parent.doInt("open %s cloexec", g0) // passed on only as the child's fd 3
-	// The child inherits the fd as its fd 3 (fork, then exec of the helper).
-	child := parent.doInt("spawn %d", fd)
-	e.settle("fork inheritance", all(holds(parent.pid(), 0, int32(fd)), holds(child, 0, 3)))
-
-	parent.do("close %d", fd)
-	e.settle("parent closes, child keeps", all(holds(parent.pid(), 0), holds(child, 0, 3)))
-
-	// exec: the O_CLOEXEC fd goes, the other stays.
-	h := startHelper(t)
-	cloexec := h.doInt("open %s cloexec", g0)
-	keep := h.doInt("open %s", g1)
-	e.settle("before exec", all(holds(h.pid(), 0, int32(cloexec)), holds(h.pid(), 1, int32(keep))))
-	h.send("exec")
-	e.settle("exec", all(holds(h.pid(), 0), holds(h.pid(), 1, int32(keep))))
-	testutil.WaitStateFile(t, e.cfg.StateFile, 3*time.Second, func(f *v1.StateFile) bool {
-		for _, hd := range f.GPUs[1].Holders {
-			if hd.PID == h.pid() {
-				return hd.Comm == "sleep"
-			}
-		}
-		return false
-	})
+	h := e.forkThenExec(parent, fd)
+	e.waitComm(1, h.pid(), "sleep")
 
 	// exit: killing the process drops it.
 	h.cmd.Process.Kill()
@@ -299,6 +270,58 @@ func TestForkExecExit(t *testing.T) {
 	e.settle("pure fork", all(holds(sh.Process.Pid, 1, 3), holds(sub, 1, 3)))
 }
 
+// forkThenExec checks fork and exec: parent, holding fd (O_CLOEXEC) on
+// GPU 0, spawns a child that inherits it as its fd 3 (fork, then exec of
+// the helper), and closes its own; then a new helper holding GPU 0
+// O_CLOEXEC and GPU 1 not execs: GPU 0's fd goes, GPU 1's stays. It
+// returns that helper, exec'd (a sleep holding GPU 1).
+func (e *env) forkThenExec(parent *helper, fd int) *helper {
+	e.t.Helper()
+	child := parent.doInt("spawn %d", fd)
+	e.settle("fork inheritance", all(holds(parent.pid(), 0, int32(fd)), holds(child, 0, 3)))
+	parent.do("close %d", fd)
+	e.settle("parent closes, child keeps", all(holds(parent.pid(), 0), holds(child, 0, 3)))
+
+	h := startHelper(e.t)
+	cloexec := h.doInt("open %s cloexec", e.gpus[0].Path)
+	keep := h.doInt("open %s", e.gpus[1].Path)
+	e.settle("before exec", all(holds(h.pid(), 0, int32(cloexec)), holds(h.pid(), 1, int32(keep))))
+	h.send("exec")
+	e.settle("exec", all(holds(h.pid(), 0), holds(h.pid(), 1, int32(keep))))
+	return h
+}
+
+// waitComm waits (3 s at most) until the state file lists pid as a holder
+// of gpu named comm.
+func (e *env) waitComm(gpu, pid int, comm string) {
+	e.t.Helper()
+	testutil.WaitStateFile(e.t, e.cfg.StateFile, 3*time.Second, func(f *v1.StateFile) bool {
+		for _, hd := range f.GPUs[gpu].Holders {
+			if hd.PID == pid {
+				return hd.Comm == comm
+			}
+		}
+		return false
+	})
+}
+
+// dockerHolding runs a container (with docker run's extra arguments, if
+// any) that holds gpu, mapped in as /dev/nvidia0, and returns its id; it
+// is removed when the test ends.
+func dockerHolding(t *testing.T, gpu testutil.FakeGPU, extra ...string) string {
+	t.Helper()
+	args := append([]string{"run", "-d", "--rm", "--network", "none"}, extra...)
+	args = append(args, "--device", gpu.Path+":/dev/nvidia0", "gpud-test-busybox:latest",
+		"sh", "-c", "exec 3<>/dev/nvidia0; exec sleep 600")
+	out, err := exec.Command("docker", args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("docker run: %v %s", err, out)
+	}
+	id := strings.TrimSpace(string(out))
+	t.Cleanup(func() { exec.Command("docker", "rm", "-f", id).Run() })
+	return id
+}
+
 func TestFDPassing(t *testing.T) {
 	e := newEnv(t)
 	e.start()
@@ -311,18 +334,33 @@ func TestFDPassing(t *testing.T) {
 	if strings.HasPrefix(e.d.State().Hooks.PassedFDs, "sweep only") {
 		e.passedFDsNeedResync(recv) // elsewhere the receipt is reported (#32)
 	}
+	e.settleReceived(recv)
+
+	// pidfd_getfd from a third process.
+	e.stealFD(h, fd)
+}
+
+// settleReceived waits until recv, which held nothing, holds the one GPU 0
+// fd passed to it by SCM_RIGHTS.
+func (e *env) settleReceived(recv int) {
+	e.t.Helper()
 	e.settle("SCM_RIGHTS", func(tb table) error {
 		if len(tb[recv][0]) != 1 {
 			return fmt.Errorf("receiver %d holds %v", recv, tb[recv])
 		}
 		return nil
 	})
+}
 
-	// pidfd_getfd from a third process.
-	thief := startHelper(t)
-	got := thief.doInt("getfd %d %d", h.pid(), fd)
+// stealFD has a new helper take owner's GPU 0 fd with pidfd_getfd, checks
+// that it is seen holding it, and returns that thief.
+func (e *env) stealFD(owner *helper, fd int) *helper {
+	e.t.Helper()
+	thief := startHelper(e.t)
+	got := thief.doInt("getfd %d %d", owner.pid(), fd)
 	e.passedFDsNeedResync(thief.pid())
 	e.settle("pidfd_getfd", holds(thief.pid(), 0, int32(got)))
+	return thief
 }
 
 // passedFDsNeedResync runs the periodic reconciliation now where no hook
@@ -348,18 +386,9 @@ func (e *env) passedFDsNeedResync(receiver int) {
 
 func TestContainerHolder(t *testing.T) {
 	e := newEnv(t)
-	if out, err := exec.Command("docker", "info", "--format", "{{.ServerVersion}}").CombinedOutput(); err != nil {
-		testutil.Skip(t, fmt.Sprintf("no Docker engine (make test starts one): %v %s", err, out))
-	}
+	requireDocker(t)
 	e.start()
-	out, err := exec.Command("docker", "run", "-d", "--rm", "--network", "none",
-		"--device", e.gpus[1].Path+":/dev/nvidia0", "gpud-test-busybox:latest",
-		"sh", "-c", "exec 3<>/dev/nvidia0; exec sleep 600").CombinedOutput()
-	if err != nil {
-		t.Fatalf("docker run: %v %s", err, out)
-	}
-	id := strings.TrimSpace(string(out))
-	t.Cleanup(func() { exec.Command("docker", "rm", "-f", id).Run() })
+	id := dockerHolding(t, e.gpus[1])
 	pidOut, err := exec.Command("docker", "inspect", "-f", "{{.State.Pid}}", id).Output()
 	if err != nil {
 		t.Fatal(err)
@@ -368,14 +397,7 @@ func TestContainerHolder(t *testing.T) {
 	fmt.Sscan(string(pidOut), &pid)
 	e.settle("container open", holds(pid, 1, 3))
 	// busybox renames itself after exec; the name catches up within a second.
-	testutil.WaitStateFile(t, e.cfg.StateFile, 3*time.Second, func(f *v1.StateFile) bool {
-		for _, hd := range f.GPUs[1].Holders {
-			if hd.PID == pid {
-				return hd.Comm == "sleep"
-			}
-		}
-		return false
-	})
+	e.waitComm(1, pid, "sleep")
 	f := testutil.WaitStateFile(t, e.cfg.StateFile, 3*time.Second, func(f *v1.StateFile) bool { return len(f.GPUs[1].Holders) > 0 })
 	var found bool
 	for _, hd := range f.GPUs[1].Holders {

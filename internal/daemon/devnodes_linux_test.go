@@ -2,9 +2,7 @@ package daemon_test
 
 import (
 	"bytes"
-	"context"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"path/filepath"
 	"slices"
@@ -19,7 +17,6 @@ import (
 	"github.com/gpud/gpud/internal/preempt"
 	"github.com/gpud/gpud/internal/status"
 	"github.com/gpud/gpud/internal/testutil"
-	"github.com/gpud/gpud/internal/workload"
 	"golang.org/x/sys/unix"
 )
 
@@ -44,28 +41,14 @@ func startOddDaemon(t *testing.T, devDir, prefix, metricsAddr string) (*daemon.D
 		DockerHost: "none", CRIEndpoint: "none", Reclaim: preempt.ReclaimNone, ReservationTTL: 30 * time.Second,
 		MetricsAddr: metricsAddr}}
 	logs := &testutil.Buffer{}
-	d, err := daemon.New(cfg, slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
 	t.Cleanup(func() {
-		cancel()
-		<-done
 		if t.Failed() {
 			t.Logf("gpud's log:\n%s", logs.String())
 		}
 	})
-	testutil.Eventually(t, 5*time.Second, "the condition", d.Ready)
-	hdir, hid := testutil.Cgroup(t, prefix+"high")
-	ldir, lid := testutil.Cgroup(t, prefix+"low")
-	d.Registry().Put(workload.Workload{CgroupID: hid, Priority: occupancy.High})
-	d.Registry().Put(workload.Workload{CgroupID: lid, Priority: occupancy.Low})
-	high, low := startHelper(t), startHelper(t)
-	testutil.JoinCgroup(t, hdir, high.pid())
-	testutil.JoinCgroup(t, ldir, low.pid())
+	d, _ := runDaemon(t, cfg, debugLog(logs))
+	waitReady(t, d)
+	high, low := highAndLow(t, d.Registry(), prefix, "")
 	return d, cfg.StateFile, high, low
 }
 

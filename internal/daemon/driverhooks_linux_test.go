@@ -134,39 +134,21 @@ void _start(void) {
 func TestDriverHooksLifecycle(t *testing.T) {
 	e := newDriverEnv(t)
 	e.start()
-	g0, g1 := e.gpus[0].Path, e.gpus[1].Path
+	g0 := e.gpus[0].Path
 
 	parent := startHelper(t)
 	fd := parent.doInt("open %s cloexec", g0)
 	dup := parent.doInt("dup %d", fd)
 	e.settle("dup", holds(parent.pid(), 0, int32(fd), int32(dup)))
 	parent.do("close %d", dup)
-	child := parent.doInt("spawn %d", fd)
-	e.settle("fork inheritance", all(holds(parent.pid(), 0, int32(fd)), holds(child, 0, 3)))
-	parent.do("close %d", fd)
-	e.settle("parent closes, child keeps", all(holds(parent.pid(), 0), holds(child, 0, 3)))
-
-	h := startHelper(t)
-	cloexec := h.doInt("open %s cloexec", g0)
-	keep := h.doInt("open %s", g1)
-	e.settle("before exec", all(holds(h.pid(), 0, int32(cloexec)), holds(h.pid(), 1, int32(keep))))
-	h.send("exec")
-	e.settle("exec", all(holds(h.pid(), 0), holds(h.pid(), 1, int32(keep))))
+	e.forkThenExec(parent, fd)
 
 	s := startHelper(t)
 	sfd := s.doInt("open %s cloexec", g0)
 	recv := s.doInt("sendfd %d", sfd)
 	e.passedFDsNeedResync(recv)
-	e.settle("SCM_RIGHTS", func(tb table) error {
-		if len(tb[recv][0]) != 1 {
-			return fmt.Errorf("receiver %d holds %v", recv, tb[recv])
-		}
-		return nil
-	})
-	thief := startHelper(t)
-	got := thief.doInt("getfd %d %d", s.pid(), sfd)
-	e.passedFDsNeedResync(thief.pid())
-	e.settle("pidfd_getfd", holds(thief.pid(), 0, int32(got)))
+	e.settleReceived(recv)
+	thief := e.stealFD(s, sfd)
 
 	thief.send("exit")
 	e.settle("exit", holds(thief.pid(), 0))

@@ -33,11 +33,7 @@ func explainOver(t *testing.T, socket string, pid int) (int, []byte) {
 // gpud explain's endpoint: a low process next to a high holder, asked over
 // the control socket, is told the rule table's verdict for each GPU.
 func TestExplainOverControlSocket(t *testing.T) {
-	e := newEnv(t)
-	e.cfg.Enforce = true
-	e.cfg.DockerHost = "none"
-	e.cfg.CRIEndpoint = "none"
-	e.cfg.Reclaim = "none"
+	e := sourcelessEnv(t)
 	e.cfg.ControlSocket = filepath.Join(e.dir, "gpud.sock")
 	e.start()
 	reg := e.d.Registry()

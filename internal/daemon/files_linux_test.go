@@ -13,10 +13,8 @@ import (
 
 	v1 "github.com/gpud/gpud/api/v1"
 	"github.com/gpud/gpud/internal/daemon"
-	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/preempt"
 	"github.com/gpud/gpud/internal/testutil"
-	"github.com/gpud/gpud/internal/workload"
 )
 
 const nobody = 65534 // a local unprivileged user
@@ -103,11 +101,7 @@ func TestPlantedStateFileNotBelieved(t *testing.T) {
 	off := fmt.Sprintf(`{"version":%d,"node":"x","monitoring":false,"gpus":[],"preemptions":[]}`, v1.StateVersion)
 	for _, shape := range []string{"their-file", "symlink"} {
 		t.Run(shape, func(t *testing.T) {
-			e := newEnv(t)
-			e.cfg.Enforce = true
-			e.cfg.DockerHost = "none"
-			e.cfg.CRIEndpoint = "none"
-			e.cfg.Reclaim = "none"
+			e := sourcelessEnv(t)
 			switch shape {
 			case "their-file":
 				if err := os.WriteFile(e.cfg.StateFile, []byte(off), 0o644); err != nil {
@@ -127,13 +121,7 @@ func TestPlantedStateFileNotBelieved(t *testing.T) {
 			if !e.d.Monitoring() {
 				t.Fatal("monitoring off: the planted state file was believed")
 			}
-			hdir, hid := testutil.Cgroup(t, "high-"+shape)
-			ldir, lid := testutil.Cgroup(t, "low-"+shape)
-			e.d.Registry().Put(workload.Workload{CgroupID: hid, Priority: occupancy.High, TaskID: "planted-high"})
-			e.d.Registry().Put(workload.Workload{CgroupID: lid, Priority: occupancy.Low, TaskID: "planted-low"})
-			hi, lo := startHelper(t), startHelper(t)
-			testutil.JoinCgroup(t, hdir, hi.pid())
-			testutil.JoinCgroup(t, ldir, lo.pid())
+			hi, lo := highAndLow(t, e.d.Registry(), shape+"-", "planted")
 			fd := hi.doInt("open %s", e.gpus[0].Path)
 			e.settle("the high holder", holds(hi.pid(), 0, int32(fd)))
 			if got := lo.do("lowrace %s 1 %s", e.gpus[0].Path, filepath.Join(e.dir, "lowrace")); got != "0 1" {

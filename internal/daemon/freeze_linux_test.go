@@ -2,10 +2,10 @@ package daemon_test
 
 import (
 	"fmt"
-	"github.com/gpud/gpud/internal/nvidia"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -14,6 +14,7 @@ import (
 
 	v1 "github.com/gpud/gpud/api/v1"
 	"github.com/gpud/gpud/internal/cgroups"
+	"github.com/gpud/gpud/internal/nvidia"
 	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/preempt"
 	"github.com/gpud/gpud/internal/testutil"
@@ -435,4 +436,113 @@ func TestCheckpointModeWithTheCUDADouble(t *testing.T) {
 			t.Fatalf("the counter's CUDA state %q %v after the thaw, want running", st, err)
 		}
 	})
+}
+
+// --preempt-mode checkpoint, gpud killed outright (SIGKILL) while a
+// workload is CUDA-checkpointed and frozen: the process stays checkpointed
+// (the CUDA double keeps its state with the process, as the driver does)
+// and frozen; the next gpud adopts it, and when the high holder leaves it
+// thaws it and restores its CUDA state (running again), and records the
+// restore. Before, an adopted workload was thawed but left CUDA-locked.
+func TestCheckpointedAdoptedAndRestoredAfterGpudKilled(t *testing.T) {
+	requireDocker(t)
+	bin, err := buildGpud()
+	if err != nil {
+		t.Fatal(err)
+	}
+	lib := testutil.NewCUDADouble(t)
+	testutil.CUDAScript(t, lib, "driver version=12080\n")
+	e := newEnv(t)
+	dir := e.dir
+	g := &gpudProc{t: t, bin: bin, metrics: freeAddr(t)}
+	g.log, _ = os.Create(filepath.Join(dir, "gpud.log"))
+	g.args = []string{"run", "--dev-dir", e.cfg.DevDir, "--state-file", e.cfg.StateFile, "--state-dir", dir,
+		"--control-socket", "", "--metrics-addr", g.metrics, "--bpf-pin-dir", pinDir(t), "--cri-endpoint", "none",
+		"--reclaim", "none", "--idle-after", "1m", "--resync-interval", "0", "--log-level", "debug",
+		"--enforce", "--preempt-mode", "checkpoint", "--checkpoint-fallback", "freeze", "--cuda-library", lib,
+		"--max-frozen", "1h"}
+	t.Cleanup(func() {
+		if g.cmd != nil && g.cmd.ProcessState == nil {
+			g.cmd.Process.Signal(syscall.SIGTERM)
+			g.cmd.Wait()
+		}
+		if t.Failed() {
+			b, _ := os.ReadFile(g.log.Name())
+			lines := strings.Split(string(b), "\n")
+			t.Logf("gpud's log (last lines):\n%s", strings.Join(lines[max(0, len(lines)-60):], "\n"))
+		}
+	})
+	g.start()
+	ctrs := &env{t: t, dir: dir, gpus: e.gpus, truth: e.truth}
+	high := startLabelled(t, ctrs, "ckadopt-high", "gpud.io/priority=high")
+	low := startLabelled(t, ctrs, "ckadopt-low", "gpud.io/priority=low")
+	t.Cleanup(func() { exec.Command("docker", "unpause", low.id).Run() })
+	if out, err := exec.Command("docker", "exec", "-d", low.id, "sh", "-c",
+		"exec 3<>/dev/nvidia1; i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done").CombinedOutput(); err != nil {
+		t.Fatalf("docker exec: %v %s", err, out)
+	}
+	testutil.Eventually(t, 10*time.Second, "the low container counts", func() bool { return containerCount(t, low) > 3 })
+	var pid int
+	testutil.Eventually(t, 10*time.Second, "the low counter listed as GPU 1's holder", func() bool {
+		f, err := occupancy.ReadStateFile(e.cfg.StateFile)
+		if err != nil {
+			return false
+		}
+		for _, gs := range f.GPUs {
+			for _, h := range gs.Holders {
+				if gs.Index == 1 && h.ContainerID == low.id {
+					pid = h.PID
+					return true
+				}
+			}
+		}
+		return false
+	})
+	testutil.CUDAScript(t, lib, fmt.Sprintf("driver version=12080\npid pid=%d lock=ok checkpoint=ok restore=ok\n", pid))
+	cuda, err := nvidia.OpenCUDACheckpoint(lib) // another process: the state kept beside the library
+	if err != nil {
+		t.Fatal(err)
+	}
+	cudaState := func() string {
+		st, err := cuda.State(pid)
+		if err != nil {
+			t.Fatalf("the counter's CUDA state: %v", err)
+		}
+		return st
+	}
+	journal := filepath.Join(dir, "preemptions.jsonl")
+
+	hpid := high.hold(1)
+	testutil.Eventually(t, 10*time.Second, "a freeze record of the checkpointed counter", func() bool {
+		for _, r := range journalRecords(t, journal) {
+			if r.Action == preempt.ActionFreeze && r.Victim.PID == pid && r.Checkpointed {
+				return true
+			}
+		}
+		return false
+	})
+	if st := cudaState(); st != nvidia.CUDACheckpointed {
+		t.Fatalf("the counter's CUDA state %q, want checkpointed", st)
+	}
+	g.kill9()
+	g.start()
+	testutil.WaitStateFile(t, e.cfg.StateFile, 10*time.Second, func(f *v1.StateFile) bool {
+		return len(f.Suspended) == 1 && f.Suspended[0].ContainerID == low.id && slices.Contains(f.Suspended[0].Checkpointed, pid)
+	})
+	if st := cudaState(); st != nvidia.CUDACheckpointed {
+		t.Fatalf("the adopted counter's CUDA state %q while the high holder holds the GPU, want checkpointed", st)
+	}
+	at := containerCount(t, low)
+	syscall.Kill(hpid, syscall.SIGKILL)
+	testutil.Eventually(t, 10*time.Second, "thawed, counting on", func() bool { return containerCount(t, low) > at+3 })
+	testutil.Eventually(t, 5*time.Second, "restored: running", func() bool { return cudaState() == nvidia.CUDARunning })
+	restored := false
+	for _, r := range journalRecords(t, journal) {
+		if r.Action == preempt.ActionThaw && r.Victim.PID == pid && strings.Contains(r.Result, "CUDA restored") {
+			restored = true
+		}
+	}
+	if !restored {
+		t.Fatalf("no thaw record saying the CUDA state was restored: %+v", journalRecords(t, journal))
+	}
 }

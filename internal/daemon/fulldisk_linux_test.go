@@ -14,7 +14,6 @@ import (
 	"github.com/gpud/gpud/internal/preempt"
 	"github.com/gpud/gpud/internal/status"
 	"github.com/gpud/gpud/internal/testutil"
-	"github.com/gpud/gpud/internal/workload"
 )
 
 // metricValue returns a counter's or gauge's value from the registry.
@@ -48,23 +47,13 @@ func metricValue(t *testing.T, e *env, name string) float64 {
 // state file stayed stale until some later change, and the record was
 // lost.
 func TestFullDiskStateFileAndJournal(t *testing.T) {
-	e := newEnv(t)
+	e := sourcelessEnv(t)
 	mnt := testutil.SmallFS(t, 64<<10)
 	e.cfg.StateFile = filepath.Join(mnt, "state.json")
 	e.cfg.StateDir = mnt
-	e.cfg.Enforce = true
-	e.cfg.DockerHost = "none"
-	e.cfg.CRIEndpoint = "none"
-	e.cfg.Reclaim = "none"
 	e.start()
 	testutil.WaitStateFile(t, e.cfg.StateFile, 3*time.Second, func(f *v1.StateFile) bool { return len(f.GPUs) == 2 })
-	hdir, hid := testutil.Cgroup(t, "high-full")
-	ldir, lid := testutil.Cgroup(t, "low-full")
-	e.d.Registry().Put(workload.Workload{CgroupID: hid, Priority: occupancy.High, TaskID: "full-high"})
-	e.d.Registry().Put(workload.Workload{CgroupID: lid, Priority: occupancy.Low, TaskID: "full-low"})
-	hi, lo := startHelper(t), startHelper(t)
-	testutil.JoinCgroup(t, hdir, hi.pid())
-	testutil.JoinCgroup(t, ldir, lo.pid())
+	hi, lo := highAndLow(t, e.d.Registry(), "full-", "full")
 
 	filler := testutil.Fill(t, mnt)
 	fd := hi.doInt("open %s", e.gpus[0].Path)

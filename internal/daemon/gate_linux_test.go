@@ -14,6 +14,7 @@ import (
 
 	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/preempt"
+	"github.com/gpud/gpud/internal/preempt/journal"
 	"github.com/gpud/gpud/internal/testutil"
 )
 
@@ -313,7 +314,7 @@ func TestGateCheckpointAndResume(t *testing.T) {
 	high := e.container("high", "gpud.io/priority=high")
 	high.tryOpen(0)
 	testutil.Eventually(t, 10*time.Second, "the low holder is dead", func() bool { return !testutil.Alive(lp) })
-	b, err := os.ReadFile(filepath.Join(e.cfg.CheckpointRoot, preempt.DockerScope, "train-42", preempt.CheckpointFile)) // a Docker container: the Docker scope
+	b, err := os.ReadFile(filepath.Join(e.cfg.CheckpointRoot, journal.DockerScope, "train-42", journal.CheckpointFile)) // a Docker container: the Docker scope
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,18 +7,22 @@ package daemon_test
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	v1 "github.com/gpud/gpud/api/v1"
+	"github.com/gpud/gpud/internal/daemon"
 	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/testutil"
 	"github.com/gpud/gpud/internal/workload"
@@ -334,13 +338,75 @@ func (h *helper) doInt(format string, args ...any) int {
 
 // classified starts a helper in a new cgroup that reg classifies as class
 // (a workload known by its cgroup alone, named by taskID).
-func classified(t *testing.T, reg *workload.Registry, name string, class occupancy.Priority, taskID string) (*helper, uint64) {
-	t.Helper()
-	dir, id := testutil.Cgroup(t, name)
-	reg.Put(workload.Workload{CgroupID: id, Priority: class, TaskID: taskID})
-	h := startHelper(t)
-	testutil.JoinCgroup(t, dir, h.pid())
+func classified(tb testing.TB, reg *workload.Registry, name string, class occupancy.Priority, taskID string) (*helper, uint64) {
+	tb.Helper()
+	dir, id := classifiedCgroup(tb, reg, name, class, taskID)
+	h := startHelper(tb)
+	testutil.JoinCgroup(tb, dir, h.pid())
 	return h, id
+}
+
+// classifiedCgroup is a new cgroup that reg classifies as class (named by
+// taskID), for processes born into it.
+func classifiedCgroup(tb testing.TB, reg *workload.Registry, name string, class occupancy.Priority, taskID string) (dir string, id uint64) {
+	tb.Helper()
+	dir, id = testutil.Cgroup(tb, name)
+	reg.Put(workload.Workload{CgroupID: id, Priority: class, TaskID: taskID})
+	return dir, id
+}
+
+// highAndLow starts a helper in a high and one in a low cgroup of reg
+// (names prefix+"high", prefix+"low"; task ids taskPrefix+"-high" and
+// taskPrefix+"-low", or none when taskPrefix is ""): the two sides of a
+// preemption.
+func highAndLow(tb testing.TB, reg *workload.Registry, prefix, taskPrefix string) (high, low *helper) {
+	tb.Helper()
+	task := func(class string) string {
+		if taskPrefix == "" {
+			return ""
+		}
+		return taskPrefix + "-" + class
+	}
+	high, _ = classified(tb, reg, prefix+"high", occupancy.High, task("high"))
+	low, _ = classified(tb, reg, prefix+"low", occupancy.Low, task("low"))
+	return high, low
+}
+
+// runDaemon runs a daemon on cfg, logging to log, until stop is called or
+// the test ends; an error from its run fails the test. It does not wait
+// for the daemon to be ready (waitReady does).
+func runDaemon(tb testing.TB, cfg daemon.Config, log *slog.Logger) (d *daemon.Daemon, stop func()) {
+	tb.Helper()
+	d, err := daemon.New(cfg, log)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				tb.Errorf("daemon: %v", err)
+			}
+		})
+	}
+	tb.Cleanup(stop)
+	return d, stop
+}
+
+// waitReady waits (5 s at most) until d is ready: its first
+// reconciliation done and events flowing.
+func waitReady(tb testing.TB, d *daemon.Daemon) {
+	tb.Helper()
+	testutil.Eventually(tb, 5*time.Second, "gpud ready", d.Ready)
+}
+
+// debugLog is a debug-level JSON logger writing to w (a test's log buffer).
+func debugLog(w io.Writer) *slog.Logger {
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
 
 // waitHolder waits (5 s at most) until the state file lists pid as a holder

@@ -1,13 +1,11 @@
 package daemon_test
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -18,7 +16,6 @@ import (
 	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/preempt"
 	"github.com/gpud/gpud/internal/testutil"
-	"github.com/gpud/gpud/internal/workload"
 	"golang.org/x/sys/unix"
 )
 
@@ -46,24 +43,11 @@ func startManyVictims(tb testing.TB, prefix string) *manyVictims {
 	cfg := daemon.Config{Run: config.Run{DevDir: devDir, StateFile: filepath.Join(dir, "state.json"), StateDir: dir,
 		IdleAfter: time.Minute, NodeName: "many", Enforce: true, FailOpenAfter: 30 * time.Second,
 		DockerHost: "none", CRIEndpoint: "none", Reclaim: preempt.ReclaimNone, ReservationTTL: 30 * time.Second}}
-	d, err := daemon.New(cfg, discardLogger())
-	if err != nil {
-		tb.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	testutil.Eventually(tb, 5*time.Second, "the condition", d.Ready)
-	var once sync.Once
-	m := &manyVictims{d: d, stateDir: dir, gpu: gpu, stop: func() { once.Do(func() { cancel(); <-done }) }}
-	tb.Cleanup(m.stop)
-	hdir, hid := testutil.Cgroup(tb, prefix+"high")
-	ldir, lid := testutil.Cgroup(tb, prefix+"low")
-	d.Registry().Put(workload.Workload{CgroupID: hid, Priority: occupancy.High, TaskID: prefix + "-high"})
-	d.Registry().Put(workload.Workload{CgroupID: lid, Priority: occupancy.Low, TaskID: prefix + "-low"})
-	m.lowDir = ldir
-	m.high = startHelper(tb)
-	testutil.JoinCgroup(tb, hdir, m.high.pid())
+	d, stop := runDaemon(tb, cfg, discardLogger())
+	waitReady(tb, d)
+	m := &manyVictims{d: d, stateDir: dir, gpu: gpu, stop: stop}
+	m.high, _ = classified(tb, d.Registry(), prefix+"high", occupancy.High, prefix+"-high")
+	m.lowDir, _ = classifiedCgroup(tb, d.Registry(), prefix+"low", occupancy.Low, prefix+"-low")
 	return m
 }
 

@@ -37,14 +37,7 @@ func TestStateFileNamesHolders(t *testing.T) {
 
 	// A Docker container, named.
 	name := fmt.Sprintf("names-%d", time.Now().UnixNano()%1e8) // fits the table's column
-	out, err := exec.Command("docker", "run", "-d", "--rm", "--name", name, "--network", "none",
-		"--device", e.gpus[1].Path+":/dev/nvidia0", "gpud-test-busybox:latest",
-		"sh", "-c", "exec 3<>/dev/nvidia0; exec sleep 600").CombinedOutput()
-	if err != nil {
-		t.Fatalf("docker run: %v %s", err, out)
-	}
-	id := strings.TrimSpace(string(out))
-	t.Cleanup(func() { exec.Command("docker", "rm", "-f", id).Run() })
+	id := dockerHolding(t, e.gpus[1], "--name", name)
 
 	holder := func(f *v1.StateFile, gpu int) *v1.StateHolder {
 		if gpu < len(f.GPUs) && len(f.GPUs[gpu].Holders) > 0 {

@@ -98,8 +98,11 @@ func TestNVMLFailingFallsBackToOpens(t *testing.T) {
 	h := startHelper(t)
 	h.doInt("open %s", e.gpus[0].Path)
 	time.Sleep(3500 * time.Millisecond) // three or more failing samples
-	if n := strings.Count(e.logs.String(), "NVML sampling failing"); n != 1 {
-		t.Fatalf("NVML failure reported %d times, want once:\n%s", n, e.logs.String())
+	// Each GPU's failing sources, once each (per GPU: each degrades
+	// alone), not once a second.
+	n := strings.Count(e.logs.String(), "NVML sampling failing")
+	if n < 2 || n > 8 {
+		t.Fatalf("NVML failure reported %d times, want once per GPU and source:\n%s", n, e.logs.String())
 	}
 	// Opens count as activity: a new open makes the idle GPU busy.
 	st := e.d.Ledger().Snapshot(time.Now())
@@ -111,6 +114,9 @@ func TestNVMLFailingFallsBackToOpens(t *testing.T) {
 		return e.d.Ledger().Snapshot(time.Now()).GPUs[0].State == occupancy.Busy
 	})
 	testutil.WaitStateFile(t, e.cfg.StateFile, 5*time.Second, func(f *v1.StateFile) bool { return f.ActivitySource == "opens" })
+	if again := strings.Count(e.logs.String(), "NVML sampling failing"); again != n {
+		t.Errorf("NVML failure reported %d times, then %d: want no repeat while retried with backoff", n, again)
+	}
 }
 
 // An XID that is a GPU's fault, a double-bit ECC error or a GPU fallen off
@@ -153,9 +159,11 @@ func TestGPUHealthFromNVMLEvents(t *testing.T) {
 	}
 }
 
-// A GPU in MIG mode is left alone: its slices share the parent's device
-// node, so the gate does not judge its opens (a low open next to a high
-// holder is allowed there, and refused on the other GPU), and it is shown.
+// A GPU in MIG mode whose slices cannot be keyed (here: no mig-minors
+// table; mig_linux_test.go has the slices) is left alone: its slices share
+// the parent's device node, so the gate does not judge its opens (a low
+// open next to a high holder is allowed there, and refused on the other
+// GPU), and it is shown.
 func TestMIGGPULeftAlone(t *testing.T) {
 	requireDocker(t)
 	e := enforcingEnv(t, preempt.ReclaimNone)

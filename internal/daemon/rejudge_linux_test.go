@@ -16,11 +16,7 @@ import (
 // rejudgeEnv is an enforcing daemon with no Docker or CRI source: the
 // tests put workloads in the registry as a source would.
 func rejudgeEnv(t *testing.T) *env {
-	e := newEnv(t)
-	e.cfg.Enforce = true
-	e.cfg.DockerHost = "none"
-	e.cfg.CRIEndpoint = "none"
-	e.cfg.Reclaim = "none"
+	e := sourcelessEnv(t)
 	e.cfg.DefaultPriority = occupancy.Unmanaged
 	e.start()
 	return e

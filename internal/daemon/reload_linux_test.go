@@ -33,11 +33,7 @@ func tryOpen(h *helper, path string) string {
 // A reload changes idle-after, the default class (of holders and of the
 // gate's cgroups) and the grace, on the running daemon.
 func TestReloadAppliesAtRunTime(t *testing.T) {
-	e := newEnv(t)
-	e.cfg.Enforce = true
-	e.cfg.DockerHost = "none"
-	e.cfg.CRIEndpoint = "none"
-	e.cfg.Reclaim = "none"
+	e := sourcelessEnv(t)
 	e.cfg.IdleAfter = time.Hour
 	e.cfg.DefaultPriority = occupancy.Unmanaged
 	e.start()

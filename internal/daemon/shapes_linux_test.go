@@ -44,11 +44,7 @@ func TestThreadHolderKeptAndKillRecorded(t *testing.T) {
 	{
 		const name = "leader-exited"
 		t.Run(name, func(t *testing.T) {
-			e := newEnv(t)
-			e.cfg.Enforce = true
-			e.cfg.DockerHost = "none"
-			e.cfg.CRIEndpoint = "none"
-			e.cfg.Reclaim = "none"
+			e := sourcelessEnv(t)
 			e.start()
 			ldir, lid := testutil.Cgroup(t, "low-"+name)
 			hdir, hid := testutil.Cgroup(t, "high-"+name)

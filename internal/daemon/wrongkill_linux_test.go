@@ -99,7 +99,7 @@ func killRecordOf(e *env, pid int) (preempt.Record, bool) {
 // the only thing telling them apart is the process identity (start time,
 // pidfs inode) taken at the decision. The PID reuse is real: the kernel is
 // told (ns_last_pid) to hand out the victim's PID next. The same-clock-tick
-// case, where only the pidfs inode differs, is preempt.TestKillPIDReuse.
+// case, where only the pidfs inode differs, is kill.TestKillPIDReuse (internal/preempt/kill).
 func TestWrongKillPIDReuse(t *testing.T) {
 	e := enforcingEnv(t, preempt.ReclaimNone)
 	e.start()

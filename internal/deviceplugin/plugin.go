@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -60,15 +61,30 @@ type Plugin struct {
 	// Registered, when set, is called after each successful registration.
 	Registered func()
 
+	registrations atomic.Uint64 // successful registrations (Registrations)
+
 	mu         sync.Mutex
 	registered bool
 }
 
 // IsRegistered reports whether the plugin is registered with the current kubelet.
+// A nil Plugin (no device plugin) is not.
 func (p *Plugin) IsRegistered() bool {
+	if p == nil {
+		return false
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.registered
+}
+
+// Registrations counts the successful registrations (kubelet restarts make
+// more than one); 0 for a nil Plugin.
+func (p *Plugin) Registrations() uint64 {
+	if p == nil {
+		return 0
+	}
+	return p.registrations.Load()
 }
 
 func (p *Plugin) setRegistered(v bool) {
@@ -162,6 +178,7 @@ func (p *Plugin) registerLoop(ctx context.Context) {
 		err := p.register(ctx)
 		if err == nil {
 			p.setRegistered(true)
+			p.registrations.Add(1)
 			p.Log.Info("device plugin registered", "resource", p.ResourceName, "endpoint", p.Endpoint)
 			if p.Registered != nil {
 				p.Registered()

@@ -299,8 +299,12 @@ func (d *Driver) Stats() Stats {
 	return s
 }
 
-// Offers reports whether GPU index is in the slice now (shared).
+// Offers reports whether GPU index is in the slice now (shared); a nil
+// Driver (no DRA) offers none.
 func (d *Driver) Offers(index int) bool {
+	if d == nil {
+		return false
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for _, dev := range d.pub {

@@ -70,6 +70,9 @@ func (c *Controller) Explain(pid int) (*v1.Explanation, error) {
 	snap := c.Ledger.Snapshot(time.Now())
 	for _, g := range snap.GPUs {
 		eg := v1.ExplainGPU{Index: g.Index, State: g.State}
+		if m := g.MIG; m != nil {
+			eg.MIG = fmt.Sprintf("GPU %d gi%d %s %s", m.Parent, m.GI, m.Profile, g.UUID)
+		}
 		var lows []int
 		for _, h := range g.Holders {
 			if h.PID == pid {
@@ -223,8 +226,8 @@ func joinPIDs(pids []int) string {
 // what was done about it (its preemption records).
 func (c *Controller) lateWords(pid, gpu int) string {
 	var done []string
-	if c.Exec != nil && c.Exec.Journal != nil {
-		for _, r := range c.Exec.Journal.Recent() {
+	if c.Journal != nil {
+		for _, r := range c.Journal.Recent() {
 			if r.Victim.PID == pid {
 				done = append(done, fmt.Sprintf("%s on GPU %d: %s (%s)", r.Action, r.GPU, r.Result, r.Rule))
 			}

@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	v1 "github.com/gpud/gpud/api/v1"
 	"github.com/gpud/gpud/bpf"
 	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/preempt"
@@ -40,13 +41,65 @@ type Loans interface {
 	Role(podUID string) (gpu int, role string, ok bool)
 }
 
+// Ledger is what the gate reads of GPU occupancy (*occupancy.Ledger):
+// holders by GPU and class, and a fresh classification of them.
+type Ledger interface {
+	// Holders returns gpu's holders, agents left out.
+	Holders(gpu int) []occupancy.ProcInfo
+	// Counts returns every GPU's holders by class (every GPU, zero or not).
+	Counts() map[int]occupancy.ClassCounts
+	CountsOf(gpu int) occupancy.ClassCounts
+	Snapshot(now time.Time) occupancy.Snapshot
+	Reclassify(classify func(*occupancy.ProcInfo))
+}
+
+// Classes is the workload registry as the gate reads it
+// (*workload.Registry): whose a process is, its class, and its preempt mode.
+type Classes interface {
+	Lookup(info occupancy.ProcInfo) (workload.Workload, bool)
+	// PreemptMode is the workload's own preempt mode where its namespace
+	// may choose one ("": the node's).
+	PreemptMode(w workload.Workload) string
+	ClassifyProc(info *occupancy.ProcInfo)
+	Explain(info occupancy.ProcInfo) (w workload.Workload, ok bool, class occupancy.Priority, reason string)
+	AgentProc(info occupancy.ProcInfo) bool
+}
+
+// Executor carries out the gate's verdicts (*executor.Executor): kills or
+// freezes victims, records refusals, resumes and adopts frozen workloads.
+type Executor interface {
+	// Handled reports whether v is being or was recently preempted.
+	Handled(v preempt.Victim) bool
+	Preempt(ctx context.Context, gpu int, rule string, preemptor preempt.Party, victims []preempt.Victim, decided time.Time, done chan<- struct{})
+	// PreemptNow signals the victims before it returns; preemptor is read
+	// only after that, for the records.
+	PreemptNow(ctx context.Context, gpu int, rule string, known preempt.Party, preemptor func() preempt.Party, victims []preempt.Victim, decided time.Time)
+	Denied(ctx context.Context, gpu int, rule string, opener preempt.Party, workload preempt.Target, reclaim bool)
+	// Resume runs suspended workloads again whose GPUs held says are free
+	// of high priority.
+	Resume(held func(gpu int) preempt.Holding)
+	Adopt(recs []preempt.Record, cands []preempt.AdoptCandidate) (adopted, thawed int)
+	SuspendedPID(pid int) (v1.Suspension, bool)
+}
+
+// Journal is the preemption records as the gate reads them
+// (*journal.Journal).
+type Journal interface {
+	// Resumed marks the task's latest preemption resumed (ok false: none
+	// to mark).
+	Resumed(namespace, taskID string, at time.Time) (preempt.Record, bool, error)
+	Recent() []preempt.Record
+}
+
 // Controller turns the gate's events and the ledger into actions and keeps
 // the gate's per-GPU policy current.
 type Controller struct {
-	Ledger   *occupancy.Ledger
-	Registry *workload.Registry
-	Exec     *preempt.Executor
-	Kernel   Kernel
+	Ledger   Ledger
+	Registry Classes
+	Exec     Executor
+	// Journal is the executor's (nil: no records, nothing adopted).
+	Journal Journal
+	Kernel  Kernel
 	// Identify names the process behind a gate event (the tracker's).
 	Identify func(pid int, ev *bpf.Event) occupancy.ProcInfo
 	// Wall turns an event's CLOCK_MONOTONIC time into wall time.
@@ -415,8 +468,8 @@ func (c *Controller) openReported(ev *bpf.Event) {
 // resume mark, a reservation's fulfilment, and the rules for opens the
 // gate could not judge (a workload classified only after its open).
 func (c *Controller) Opened(info occupancy.ProcInfo, gpu int, ev *bpf.Event) {
-	if ns, task := c.task(info); task != "" && c.Exec.Journal != nil {
-		if rec, ok, err := c.Exec.Journal.Resumed(ns, task, time.Now()); err != nil {
+	if ns, task := c.task(info); task != "" && c.Journal != nil {
+		if rec, ok, err := c.Journal.Resumed(ns, task, time.Now()); err != nil {
 			c.Log.Error("marking resumed", "namespace", ns, "task_id", task, "error", err)
 		} else if ok {
 			c.Log.Info("preempted task resumed", "namespace", ns, "task_id", task, "record_id", rec.ID, "gpu", gpu)
@@ -530,7 +583,7 @@ func (c *Controller) Sync() {
 // borrower beside its idle owner would look like a low holder of a
 // high-held GPU.
 func (c *Controller) Judge() {
-	if c.Exec != nil && c.Exec.Journal != nil {
+	if c.Exec != nil && c.Journal != nil {
 		// What a gpud killed outright left frozen is this one's again
 		// before anything is judged: a frozen holder is not judged twice.
 		c.Ledger.Reclassify(c.Registry.ClassifyProc)
@@ -540,7 +593,7 @@ func (c *Controller) Judge() {
 				cands = append(cands, preempt.AdoptCandidate{GPU: gpu, Victim: c.victim(h, "adopted from the previous gpud")})
 			}
 		}
-		if a, th := c.Exec.Adopt(c.Exec.Journal.Recent(), cands); a+th > 0 {
+		if a, th := c.Exec.Adopt(c.Journal.Recent(), cands); a+th > 0 {
 			c.Log.Info("the previous gpud's frozen workloads", "adopted", a, "thawed", th)
 		}
 	}

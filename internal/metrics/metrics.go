@@ -72,8 +72,11 @@ type GPU struct {
 	Memory       *v1.StateMemory
 	Healthy      *bool
 	HealthEvents uint64
-	Lendable     *bool // nil without lending
-	Shares       []Share
+	// NVMLFailing are the NVML sources failing on this GPU (state file
+	// gpus[].nvml.failing: utilization, memory, ..., device).
+	NVMLFailing []string
+	Lendable    *bool // nil without lending
+	Shares      []Share
 }
 
 // Share is one claim's share of a GPU's memory, for one pod.
@@ -188,8 +191,11 @@ type Metrics struct {
 	src         Source
 	opens       *prometheus.CounterVec
 	preemptions *prometheus.CounterVec
-	latency     prometheus.Histogram
-	buildInfo   prometheus.Gauge
+	// thawedByOther: suspended workloads found thawed by someone else
+	// while their GPUs were still held, by what gpud did.
+	thawedByOther *prometheus.CounterVec
+	latency       prometheus.Histogram
+	buildInfo     prometheus.Gauge
 
 	// Descriptions of the scrape-time metrics.
 	gpuInfo, gpuState, idle, holders, workloadHolders *prometheus.Desc
@@ -200,6 +206,7 @@ type Metrics struct {
 	stateFailures, journalFailures, journalPending    *prometheus.Desc
 	gpuEnforced                                       *prometheus.Desc
 	memTotal, memUsed, workloadMem, healthy, healthEv *prometheus.Desc
+	nvmlDegraded                                      *prometheus.Desc
 	nvml, leftAlone, lendable                         *prometheus.Desc
 	shareBytes, shareOver, shareOvers, sharePreempts  *prometheus.Desc
 	hooks                                             *prometheus.Desc
@@ -222,6 +229,10 @@ func New(version string, src Source) *Metrics {
 		preemptions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Name: "preemptions_total",
 			Help: "Preemption records, by action: kill (a low-priority holder killed), reclaim (its container or pod stopped or evicted), deny (a low-priority open refused).",
+		}, []string{"action"}),
+		thawedByOther: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "suspended_thawed_externally_total",
+			Help: "Workloads gpud froze found thawed by someone else (docker unpause, a write to cgroup.freeze) while the GPU they were frozen for was still held, by what gpud did: refreeze (the first time), kill (thawed again soon after).",
 		}, []string{"action"}),
 		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: Namespace, Name: "preemption_latency_seconds",
@@ -258,6 +269,7 @@ func New(version string, src Source) *Metrics {
 		workloadMem:     desc("workload_gpu_memory_bytes", "GPU memory of a workload's processes on the GPU (NVML's process list).", "gpu", "UUID", "device", "namespace", "pod", "container", "priority"),
 		healthy:         desc("gpu_healthy", "1 while no critical NVML event (an XID not of an application's fault, a double-bit ECC error, the GPU fallen off the bus) was seen since gpud started; an unhealthy GPU is not lent.", "gpu", "UUID", "device"),
 		healthEv:        desc("gpu_health_events_total", "XID and ECC events NVML reported for the GPU since gpud started, critical or not.", "gpu", "UUID", "device"),
+		nvmlDegraded:    desc("gpu_nvml_degraded", "1 for each NVML source failing on the GPU (retried with backoff), by source: utilization (its activity falls back to GPU opens), memory, processes, mig, events, device (the GPU is lost or unknown to NVML), library (NVML unavailable). Each GPU degrades alone.", "gpu", "UUID", "device", "source"),
 		lendable:        desc("gpu_lendable", "1 while the GPU may be lent (idle, healthy, enough free memory); the state file's not_lendable says why not. Only with lending on.", "gpu", "UUID", "device"),
 		nvml:            desc("nvml_available", "1 while gpud reads NVML (activity from compute, memory, MIG, health); 0: activity from GPU opens only."),
 		leftAlone:       desc("gpus_left_alone", "GPUs gpud found and does not manage (neither gate nor lending), by reason.", "reason"),
@@ -270,13 +282,16 @@ func New(version string, src Source) *Metrics {
 		kmapCapacity:    desc("kernel_map_capacity", "The entries a kernel map can hold (see gpud_kernel_map_entries).", "map"),
 		gpuEnforced:     desc("gpu_enforced", "1 while the kernel gate applies the priority rules to the GPU's opens; 0 under --enforce=false, with monitoring off, or when the gate cannot protect this GPU (see gpud's log).", "gpu", "UUID", "device"),
 	}
-	m.reg.MustRegister(m.opens, m.preemptions, m.latency, m.buildInfo, collector{m},
+	m.reg.MustRegister(m.opens, m.preemptions, m.thawedByOther, m.latency, m.buildInfo, collector{m},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.buildInfo.Set(1)
 	// Every action's series exists from the start at 0, so that rate() and
 	// increase() see the first preemption of each kind.
 	for _, a := range []string{"kill", "reclaim", "deny"} {
 		m.preemptions.WithLabelValues(a)
+	}
+	for _, a := range []string{"refreeze", "kill"} {
+		m.thawedByOther.WithLabelValues(a)
 	}
 	return m
 }
@@ -290,12 +305,29 @@ func (m *Metrics) Opens(gpu GPULabels, verdict string) prometheus.Counter {
 	return m.opens.WithLabelValues(gpu.GPU, gpu.UUID, gpu.Device, verdict)
 }
 
+// ThawedByOther counts a suspended workload found thawed by someone else,
+// by what gpud did (refreeze, kill).
+func (m *Metrics) ThawedByOther(action string) {
+	m.thawedByOther.WithLabelValues(action).Inc()
+}
+
 // Preemption counts one preemption record; latency > 0 is observed (kills).
 func (m *Metrics) Preemption(action string, latency time.Duration) {
 	m.preemptions.WithLabelValues(action).Inc()
 	if latency > 0 {
 		m.latency.Observe(latency.Seconds())
 	}
+}
+
+// Recorded counts one preemption record (Preemption): action, and the
+// latency of a kill that was done (result "done"; latencyMS its
+// milliseconds); any other record's latency is not observed.
+func (m *Metrics) Recorded(action, result string, latencyMS float64) {
+	var lat time.Duration
+	if action == v1.ActionKill && result == "done" {
+		lat = time.Duration(latencyMS * float64(time.Millisecond))
+	}
+	m.Preemption(action, lat)
 }
 
 // collector turns the Source's snapshot into const metrics at scrape time.
@@ -306,7 +338,7 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{m.gpuInfo, m.gpuState, m.idle, m.holders, m.workloadHolders,
 		m.events, m.dropped, m.resyncs, m.registered, m.regs, m.lent, m.malformed, m.lookalikes, m.shareRefusals, m.ignoredLabels, m.reloadsRefused, m.monitoring, m.enforcing, m.gpuEnforced,
 		m.stateFailures, m.journalFailures, m.journalPending,
-		m.memTotal, m.memUsed, m.workloadMem, m.healthy, m.healthEv, m.nvml, m.leftAlone, m.lendable,
+		m.memTotal, m.memUsed, m.workloadMem, m.healthy, m.healthEv, m.nvmlDegraded, m.nvml, m.leftAlone, m.lendable,
 		m.shareBytes, m.shareOver, m.shareOvers, m.sharePreempts, m.hooks, m.kmapEntries, m.kmapCapacity} {
 		ch <- d
 	}
@@ -346,6 +378,9 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		if g.Healthy != nil {
 			gauge(m.healthy, b2f(*g.Healthy), l.GPU, l.UUID, l.Device)
 			counter(m.healthEv, g.HealthEvents, l.GPU, l.UUID, l.Device)
+		}
+		for _, src := range g.NVMLFailing {
+			gauge(m.nvmlDegraded, 1, l.GPU, l.UUID, l.Device, src)
 		}
 		for _, sh := range g.Shares {
 			gauge(m.shareBytes, float64(sh.RequestedBytes), l.GPU, l.UUID, l.Device, sh.Namespace, sh.Pod, sh.Claim, "requested")
@@ -458,6 +493,11 @@ func GPUsOf(f v1.StateFile, now time.Time, names func(v1.StateHolder) (namespace
 		if g.Health != nil {
 			h := g.Health.Healthy
 			mg.Healthy, mg.HealthEvents = &h, g.Health.Events
+		}
+		if g.NVML != nil {
+			for _, f := range g.NVML.Failing {
+				mg.NVMLFailing = append(mg.NVMLFailing, f.Source)
+			}
 		}
 		if g.IdleSince != nil {
 			mg.IdleSeconds = now.Sub(*g.IdleSince).Seconds()

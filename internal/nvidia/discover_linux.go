@@ -134,3 +134,27 @@ func SameNodes(a, b []occupancy.GPU) bool {
 	}
 	return true
 }
+
+// WatchNodes looks at the device directory every interval and returns,
+// with what it found, when its GPU nodes are no longer gpus or when stop
+// reports true; false when ctx ends first. A directory that cannot be read
+// for a moment changes nothing; one with no GPU node left does (the driver
+// was unloaded).
+func WatchNodes(ctx context.Context, devDir string, gpus []occupancy.GPU, interval time.Duration, stop func() bool) ([]occupancy.GPU, bool) {
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, false
+		case <-tick.C:
+		}
+		now, err := DiscoverGPUs(devDir)
+		if err != nil && !errors.Is(err, ErrNoGPUs) {
+			continue
+		}
+		if stop() || !SameNodes(now, gpus) {
+			return now, true
+		}
+	}
+}

@@ -255,3 +255,23 @@ func TestSameNodes(t *testing.T) {
 		}
 	}
 }
+
+// TestWatchNodes: an unreadable directory changes nothing, an emptied one
+// (the driver unloaded) does, stop ends the watch, and so does ctx.
+func TestWatchNodes(t *testing.T) {
+	dir := t.TempDir()
+	gone := []occupancy.GPU{{Index: 0, Device: filepath.Join(dir, "nvidia0")}}
+	never := func() bool { return false }
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if _, changed := WatchNodes(ctx, filepath.Join(dir, "missing"), gone, time.Millisecond, never); changed {
+		t.Fatal("a directory that cannot be read changed the GPU set")
+	}
+	now, changed := WatchNodes(context.Background(), dir, gone, time.Millisecond, never)
+	if !changed || len(now) != 0 {
+		t.Fatalf("no GPU node left: changed %v, now %v", changed, now)
+	}
+	if _, changed := WatchNodes(context.Background(), dir, nil, time.Millisecond, func() bool { return true }); !changed {
+		t.Fatal("stop did not end the watch")
+	}
+}

@@ -4,6 +4,7 @@ package nvidia
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpud/gpud/internal/nvidia/gpumon"
 	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/testutil"
 )
@@ -70,7 +72,7 @@ func TestNVMLDoubleThroughTheLoadPath(t *testing.T) {
 
 	double.Update(t, 1, func(g *testutil.NVMLGPU) { g.MIG = true })
 	double.Update(t, 0, func(g *testutil.NVMLGPU) { g.Lost = true })
-	r = sample(t, lib)
+	r, _ = lib.(*NVML).Sample() // a MIG GPU's utilization is not supported
 	if !r[0].MIG || r[0].Lost || !r[1].Lost {
 		t.Errorf("MIG/lost: %+v / %+v", r[0], r[1])
 	}
@@ -78,7 +80,7 @@ func TestNVMLDoubleThroughTheLoadPath(t *testing.T) {
 
 func sample(t *testing.T, lib Library) map[int]Reading {
 	t.Helper()
-	r, err := lib.Sample()
+	r, err := lib.(*NVML).Sample()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -243,5 +245,81 @@ func TestFindLibraryUnderDriverRoot(t *testing.T) {
 	os.Chmod(filepath.Join(dir, "libnvidia-ml.so.1"), 0o666)
 	if _, err := FindLibrary(root); err == nil || !strings.Contains(err.Error(), "writable by other users") {
 		t.Errorf("unsafe library: %v", err)
+	}
+}
+
+// The double as awkward as the real library (issue 28 item 2), each
+// through the load path: a driver/library mismatch fails Init until it is
+// fixed; a GPU lost before Init leaves the other named; a MIG GPU's
+// per-process utilization is NOT_SUPPORTED; a process's memory may be
+// NVML_VALUE_NOT_AVAILABLE; one slow call slows that GPU only.
+func TestNVMLDoubleAwkward(t *testing.T) {
+	double := testutil.NewNVMLDouble(t, "", doubleGPUs()...)
+	double.SetMismatch(t, true)
+	lib := New(Load{Library: double.Library})
+	if err := lib.Init(); err == nil || !strings.Contains(err.Error(), "mismatch") {
+		t.Fatalf("Init with a version mismatch: %v, want the mismatch", err)
+	}
+	double.SetMismatch(t, false)
+	double.Update(t, 0, func(g *testutil.NVMLGPU) { g.Lost = true }) // minor 1
+	if err := lib.Init(); err != nil {
+		t.Fatalf("Init again, one GPU lost: %v, want the other named", err)
+	}
+	t.Cleanup(lib.Shutdown)
+	gpus := []occupancy.GPU{{Index: 0, Device: "/dev/nvidia0", Minor: 0}, {Index: 1, Device: "/dev/nvidia1", Minor: 1}}
+	if unknown := lib.Annotate(gpus); !slices.Equal(unknown, []int{1}) {
+		t.Errorf("unknown = %v, want [1] (lost at Init)", unknown)
+	}
+	if miss := lib.Missing(); len(miss) != 1 || !errors.Is(miss[0], gpumon.ErrGPUIsLost) {
+		t.Errorf("Missing = %v, want NVML device 0 lost", miss)
+	}
+	double.Update(t, 1, func(g *testutil.NVMLGPU) { g.MIG = true }) // minor 0 = GPU 0
+	double.Compute(t, 1, 4242, 50)
+	double.SetProcesses(t, testutil.NVMLProcess{GPU: 1, PID: 4242, MemoryNA: true}, testutil.NVMLProcess{GPU: 1, PID: 7, Memory: 1 << 30})
+	r := lib.SampleGPU(0, gpumon.AllSources)
+	if err := r.Failed[gpumon.SrcUtilization]; !errors.Is(err, gpumon.ErrNotSupported) || !r.MIG {
+		t.Errorf("MIG GPU utilization: %v (mig %v), want not supported", err, r.MIG)
+	}
+	if _, ok := r.ProcessMemory[4242]; ok || r.ProcessMemory[7] != 1<<30 {
+		t.Errorf("process memory = %v, want 4242 unknown (NVML_VALUE_NOT_AVAILABLE), 7 at 1 GiB", r.ProcessMemory)
+	}
+	double.Slow(t, "nvmlDeviceGetMemoryInfo", 1, 600)
+	start := time.Now()
+	lib.SampleGPU(0, gpumon.SrcMemory)
+	if d := time.Since(start); d < 500*time.Millisecond {
+		t.Errorf("a slow call took %v, want 600 ms", d)
+	}
+}
+
+// Event waits fail as the real library's may: timeouts are the quiet
+// node's answer, an unknown error and a GPU fallen off the bus end the
+// watch (the caller watches again), the latter reported as that GPU lost.
+func TestNVMLDoubleEventErrors(t *testing.T) {
+	double := testutil.NewNVMLDouble(t, "", doubleGPUs()...)
+	lib := New(Load{Library: double.Library})
+	if err := lib.Init(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(lib.Shutdown)
+	lib.Annotate([]occupancy.GPU{{Index: 0, Minor: 0}, {Index: 1, Minor: 1}})
+	watch := func() ([]HealthEvent, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		var got []HealthEvent
+		err := lib.WatchHealth(ctx, func(e HealthEvent) { got = append(got, e) })
+		return got, err
+	}
+	double.EventErr(t, "timeout", -1, 3)
+	double.EventErr(t, "unknown", -1, 1)
+	if _, err := watch(); err == nil || !strings.Contains(err.Error(), "Unknown") {
+		t.Errorf("watch: %v, want the unknown error after three timeouts", err)
+	}
+	double.EventErr(t, "gpu_is_lost", 0, 1) // NVML index 0 = minor 1 = GPU 1
+	got, err := watch()
+	if !errors.Is(err, gpumon.ErrGPUIsLost) || len(got) != 1 || got[0].Kind != "lost" || got[0].GPU != 1 || !got[0].Critical {
+		t.Errorf("watch: %v, %+v; want GPU 1 lost", err, got)
+	}
+	if _, err := watch(); err != nil {
+		t.Errorf("watch after the scripted errors: %v, want it to run until the context ends", err)
 	}
 }

@@ -8,10 +8,12 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/dl"
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/gpud/gpud/internal/nvidia/gpumon"
 	"github.com/gpud/gpud/internal/occupancy"
 )
 
@@ -23,19 +25,37 @@ type NVML struct {
 	Lib  nvml.Interface
 	Load Load
 
-	info     Info
-	devices  map[int]nvml.Device // minor number → device
-	nvmlIdx  map[int]int         // minor number → NVML's index of the device
-	lastSeen map[int]uint64      // per device: newest sample timestamp (µs)
-	index    map[int]int         // minor number → GPU index, from Annotate
+	info    Info
+	ownLib  bool                // Lib is the one open made: loaded again after Shutdown
+	devices map[int]nvml.Device // minor number → device
+	nvmlIdx map[int]int         // minor number → NVML's index of the device
+	index   map[int]int         // minor number → GPU index, from Annotate
+	byGPU   map[int]int         // GPU index → minor number, from Annotate
+
+	// mu guards what changes while GPUs are sampled, each on its own
+	// goroutine (NVML is thread-safe: "it is safe to make simultaneous
+	// NVML calls from multiple threads", nvml.h).
+	mu       sync.Mutex
+	lastSeen map[int]uint64 // per device: newest sample timestamp (µs)
+	missing  map[int]error  // NVML index → why Init could not reach it
 }
+
+// valueNotAvailable is NVML_VALUE_NOT_AVAILABLE in an unsigned long long
+// field: nvml.h "#define NVML_VALUE_NOT_AVAILABLE (-1)", "Special constant
+// that some fields take when they are not available" (usedGpuMemory among
+// them). It is never a number.
+const valueNotAvailable = ^uint64(0)
 
 // dlFlags are go-nvml's own: the library is opened once more to learn why
 // it cannot be, which go-nvml's Init does not say.
 const dlFlags = dl.RTLD_LAZY | dl.RTLD_GLOBAL
 
 // Init loads the library and maps devices by their minor number, which is N
-// in /dev/nvidiaN.
+// in /dev/nvidiaN. A device NVML cannot reach (NVML_ERROR_GPU_IS_LOST: "the
+// target GPU has fallen off the bus or is otherwise inaccessible", or any
+// other error of its own) does not fail Init: nvmlInit_v2 exists so that
+// "NVML can communicate with a GPU when other GPUs in the system are
+// unstable or in a bad state" (nvml.h); Missing lists it.
 func (n *NVML) Init() error {
 	if n.Lib == nil {
 		release, err := n.open()
@@ -46,6 +66,9 @@ func (n *NVML) Init() error {
 		defer release()
 	}
 	if ret := n.Lib.Init(); ret != nvml.SUCCESS {
+		if n.ownLib && ret == nvml.ERROR_LIBRARY_NOT_FOUND {
+			n.Lib = nil // never loaded: the next Init opens the file again
+		}
 		return fmt.Errorf("%w: init: %v", ErrNVML, nvml.ErrorString(ret))
 	}
 	if v, ret := n.Lib.SystemGetDriverVersion(); ret == nvml.SUCCESS {
@@ -58,19 +81,58 @@ func (n *NVML) Init() error {
 	n.devices = map[int]nvml.Device{}
 	n.nvmlIdx = map[int]int{}
 	n.lastSeen = map[int]uint64{}
+	n.missing = map[int]error{}
 	for i := 0; i < count; i++ {
-		d, ret := n.Lib.DeviceGetHandleByIndex(i)
-		if ret != nvml.SUCCESS {
-			return fmt.Errorf("%w: device %d: %v", ErrNVML, i, nvml.ErrorString(ret))
-		}
-		minor, ret := d.GetMinorNumber()
-		if ret != nvml.SUCCESS {
-			return fmt.Errorf("%w: device %d minor: %v", ErrNVML, i, nvml.ErrorString(ret))
+		d, minor, err := n.device(i)
+		if err != nil {
+			n.missing[i] = err
+			continue
 		}
 		n.devices[minor] = d
 		n.nvmlIdx[minor] = i
 	}
 	return nil
+}
+
+// device asks NVML for device i's handle and minor number.
+func (n *NVML) device(i int) (nvml.Device, int, error) {
+	d, ret := n.Lib.DeviceGetHandleByIndex(i)
+	if ret != nvml.SUCCESS {
+		return nil, 0, retErr(fmt.Sprintf("device %d", i), ret)
+	}
+	minor, ret := d.GetMinorNumber()
+	if ret != nvml.SUCCESS {
+		return nil, 0, retErr(fmt.Sprintf("device %d minor", i), ret)
+	}
+	return d, minor, nil
+}
+
+// retErr is a failing call's error: ErrNVML, and gpumon's ErrGPUIsLost or
+// ErrNotSupported where NVML said so.
+func retErr(what string, ret nvml.Return) error {
+	switch ret {
+	case nvml.ERROR_GPU_IS_LOST:
+		return fmt.Errorf("%w: %s: %w", ErrNVML, what, gpumon.ErrGPUIsLost)
+	case nvml.ERROR_NOT_SUPPORTED:
+		return fmt.Errorf("%w: %s: %w", ErrNVML, what, gpumon.ErrNotSupported)
+	}
+	return fmt.Errorf("%w: %s: %v", ErrNVML, what, nvml.ErrorString(ret))
+}
+
+// Missing asks NVML again for each device Init could not reach, and returns
+// those it still cannot (NVML index → why). One that answers now is not
+// added: the caller starts again to use it.
+func (n *NVML) Missing() map[int]error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	out := map[int]error{}
+	for i := range n.missing {
+		if _, _, err := n.device(i); err != nil {
+			n.missing[i] = err
+			out[i] = err
+		}
+	}
+	return out
 }
 
 // open prepares the loading of the file Load names: checked and held
@@ -85,7 +147,7 @@ func (n *NVML) open() (release func(), err error) {
 		if err := lib.Open(); err != nil {
 			return nil, fmt.Errorf("%w: loading %s (the dynamic loader's search): %w", ErrNVML, n.info.Library, err)
 		}
-		n.Lib = nvml.New()
+		n.Lib, n.ownLib = nvml.New(), true
 		return func() { _ = lib.Close() }, nil
 	}
 	var f *os.File
@@ -104,7 +166,7 @@ func (n *NVML) open() (release func(), err error) {
 		f.Close()
 		return nil, fmt.Errorf("%w: loading %s: %w", ErrNVML, f.Name(), err)
 	}
-	n.Lib = nvml.New(nvml.WithLibraryPath(fdPath))
+	n.Lib, n.ownLib = nvml.New(nvml.WithLibraryPath(fdPath)), true
 	return func() { _ = lib.Close(); f.Close() }, nil
 }
 
@@ -114,9 +176,10 @@ func (n *NVML) Info() Info { return n.info }
 // Annotate fills in the UUID and NVML's index of each GPU that NVML knows
 // by its minor number, and reports the GPUs NVML does not know.
 func (n *NVML) Annotate(gpus []occupancy.GPU) (unknown []int) {
-	n.index = map[int]int{}
+	n.index, n.byGPU = map[int]int{}, map[int]int{}
 	for i := range gpus {
 		n.index[int(gpus[i].Minor)] = gpus[i].Index
+		n.byGPU[gpus[i].Index] = int(gpus[i].Minor)
 		d, ok := n.devices[int(gpus[i].Minor)]
 		if !ok {
 			unknown = append(unknown, gpus[i].Index)
@@ -145,26 +208,81 @@ func (n *NVML) key(minor int) (int, bool) {
 	return i, ok
 }
 
-// Sample reads each GPU: the newest time a process used it (SM or memory
-// utilization above zero) since the previous call and which processes did,
-// its memory and its processes' memory, MIG mode, and whether it is lost.
+// Sample reads every GPU's sources (SampleGPU), keyed by gpud's index
+// after Annotate (by minor before), and joins their failures.
 func (n *NVML) Sample() (map[int]Reading, error) {
 	out := map[int]Reading{}
 	var errs []error
-	fail := func(what string, idx int, ret nvml.Return) {
-		errs = append(errs, fmt.Errorf("%w: %s of GPU %d: %v", ErrNVML, what, idx, nvml.ErrorString(ret)))
-	}
 	for minor, d := range n.devices {
 		key, ok := n.key(minor)
 		if !ok {
 			continue
 		}
-		var r Reading
-		samples, ret := d.GetProcessUtilization(n.lastSeen[minor])
+		r := n.sample(minor, d, gpumon.AllSources)
+		for _, s := range gpumon.Sources {
+			if err := r.Failed[s]; err != nil && !errors.Is(err, gpumon.ErrGPUIsLost) {
+				errs = append(errs, err)
+			}
+		}
+		out[key] = r
+	}
+	return out, errors.Join(errs...)
+}
+
+// SampleGPU reads the sources asked of GPU gpu (gpud's index, after
+// Annotate): the newest time a process used it (SM or memory utilization
+// above zero) since the previous call and which processes did, its memory
+// and its processes' memory, MIG mode, and whether it is lost. Each GPU
+// may be sampled on its own goroutine.
+func (n *NVML) SampleGPU(gpu int, sources gpumon.Source) Reading {
+	minor, ok := n.byGPU[gpu]
+	d := n.devices[minor]
+	if !ok || d == nil {
+		return Reading{Failed: map[gpumon.Source]error{sources: fmt.Errorf("%w: GPU %d: not an NVML device", ErrNVML, gpu)}}
+	}
+	return n.sample(minor, d, sources)
+}
+
+// processUtilization is d.GetProcessUtilization, retried. go-nvml asks
+// NVML for the count, then for that many samples; a sample taken between
+// the two calls makes the second answer INSUFFICIENT_SIZE with a larger
+// count, which go-nvml (v0.13) slices its buffer with: a panic that took
+// gpud down (found by scripts/gpu-check.sh --double, whose CUDA double
+// samples every 100 ms). That answer means "ask again".
+func processUtilization(d nvml.Device, seen uint64) (samples []nvml.ProcessUtilizationSample, ret nvml.Return) {
+	for range 3 {
+		samples, ret = func() (s []nvml.ProcessUtilizationSample, r nvml.Return) {
+			defer func() {
+				if recover() != nil {
+					s, r = nil, nvml.ERROR_INSUFFICIENT_SIZE
+				}
+			}()
+			return d.GetProcessUtilization(seen)
+		}()
+		if ret != nvml.ERROR_INSUFFICIENT_SIZE {
+			return samples, ret
+		}
+	}
+	return samples, ret
+}
+
+func (n *NVML) sample(minor int, d nvml.Device, sources gpumon.Source) Reading {
+	r := Reading{Failed: map[gpumon.Source]error{}}
+	fail := func(s gpumon.Source, ret nvml.Return) {
+		if ret == nvml.ERROR_GPU_IS_LOST {
+			r.Lost = true
+		}
+		r.Failed[s] = retErr(fmt.Sprintf("%s of GPU %d", s, minor), ret)
+	}
+	if sources&gpumon.SrcUtilization != 0 {
+		n.mu.Lock()
+		seen := n.lastSeen[minor]
+		n.mu.Unlock()
+		samples, ret := processUtilization(d, seen)
 		switch ret {
 		case nvml.SUCCESS:
 			for _, s := range samples {
-				n.lastSeen[minor] = max(n.lastSeen[minor], s.TimeStamp)
+				seen = max(seen, s.TimeStamp)
 				if s.SmUtil == 0 && s.MemUtil == 0 {
 					continue
 				}
@@ -175,37 +293,55 @@ func (n *NVML) Sample() (map[int]Reading, error) {
 					r.PIDs = append(r.PIDs, s.Pid)
 				}
 			}
+			n.mu.Lock()
+			n.lastSeen[minor] = max(n.lastSeen[minor], seen)
+			n.mu.Unlock()
 		case nvml.ERROR_NOT_FOUND: // no samples since lastSeen
-		case nvml.ERROR_GPU_IS_LOST:
-			r.Lost = true
 		default:
-			fail("utilization", minor, ret)
+			// NOT_SUPPORTED too: "On MIG-enabled GPUs, querying process
+			// utilization is not currently supported" (nvml.h). This GPU's
+			// activity is then its opens; the others' are not touched.
+			fail(gpumon.SrcUtilization, ret)
 		}
+	}
+	if sources&gpumon.SrcMemory != 0 {
 		if m, ret := d.GetMemoryInfo(); ret == nvml.SUCCESS {
-			r.Memory = &Memory{Total: m.Total, Used: m.Used}
-		} else if ret == nvml.ERROR_GPU_IS_LOST {
-			r.Lost = true
+			if m.Total != valueNotAvailable && m.Used != valueNotAvailable && m.Used <= m.Total {
+				r.Memory = &Memory{Total: m.Total, Used: m.Used}
+			}
 		} else if ret != nvml.ERROR_NOT_SUPPORTED {
-			fail("memory", minor, ret)
+			fail(gpumon.SrcMemory, ret)
 		}
+	}
+	if sources&gpumon.SrcProcesses != 0 {
 		if ps, ret := d.GetComputeRunningProcesses(); ret == nvml.SUCCESS {
 			r.ProcessMemory = make(map[uint32]uint64, len(ps))
+			unknown := map[uint32]bool{}
 			for _, p := range ps {
+				// "Set to NVML_VALUE_NOT_AVAILABLE if
+				// nvmlProcessInfo_t->usedGpuMemory is not supported"
+				// (nvml.h): the process's memory is unknown, not 2^64-1.
+				if p.UsedGpuMemory == valueNotAvailable {
+					unknown[p.Pid] = true
+					continue
+				}
 				r.ProcessMemory[p.Pid] += p.UsedGpuMemory
 			}
-		} else if ret == nvml.ERROR_GPU_IS_LOST {
-			r.Lost = true
+			for pid := range unknown {
+				delete(r.ProcessMemory, pid)
+			}
 		} else if ret != nvml.ERROR_NOT_SUPPORTED {
-			fail("processes", minor, ret)
+			fail(gpumon.SrcProcesses, ret)
 		}
+	}
+	if sources&gpumon.SrcMIG != 0 {
 		if cur, _, ret := d.GetMigMode(); ret == nvml.SUCCESS {
 			r.MIG = cur == nvml.DEVICE_MIG_ENABLE
 		} else if ret == nvml.ERROR_GPU_IS_LOST {
-			r.Lost = true
+			fail(gpumon.SrcMIG, ret)
 		}
-		out[key] = r
 	}
-	return out, errors.Join(errs...)
+	return r
 }
 
 // WatchHealth registers for XID and ECC events on every known GPU and
@@ -235,11 +371,21 @@ func (n *NVML) WatchHealth(ctx context.Context, report func(HealthEvent)) error 
 	}
 	for ctx.Err() == nil {
 		data, ret := set.Wait(500)
+		// "NVML_ERROR_TIMEOUT if no event arrived in specified timeout or
+		// interrupt arrived" (nvml.h): the normal answer of a quiet node.
 		if ret == nvml.ERROR_TIMEOUT {
 			continue
 		}
+		if ret == nvml.ERROR_GPU_IS_LOST {
+			// "if a GPU has fallen off the bus or is otherwise
+			// inaccessible": that GPU is lost when the answer names it.
+			if gpu, ok := n.gpuOf(data.Device); ok {
+				report(HealthEvent{GPU: gpu, Kind: "lost", Critical: true})
+			}
+		}
 		if ret != nvml.SUCCESS {
-			return fmt.Errorf("%w: waiting for events: %v", ErrNVML, nvml.ErrorString(ret))
+			// The caller watches again, with backoff, on a new set.
+			return retErr("waiting for events", ret)
 		}
 		gpu, ok := n.gpuOf(data.Device)
 		if !ok {
@@ -285,6 +431,9 @@ func (n *NVML) gpuOf(d nvml.Device) (int, bool) {
 func (n *NVML) Shutdown() {
 	if n.Lib != nil {
 		n.Lib.Shutdown()
+	}
+	if n.ownLib {
+		n.Lib = nil // go-nvml closed it: the next Init opens the file again
 	}
 }
 

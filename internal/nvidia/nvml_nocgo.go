@@ -5,6 +5,7 @@ package nvidia
 import (
 	"context"
 
+	"github.com/gpud/gpud/internal/nvidia/gpumon"
 	"github.com/gpud/gpud/internal/occupancy"
 )
 
@@ -16,7 +17,8 @@ type noNVML struct{}
 
 func (noNVML) Init() error                                          { return ErrNoCgo }
 func (noNVML) Annotate([]occupancy.GPU) []int                       { return nil }
-func (noNVML) Sample() (map[int]Reading, error)                     { return nil, ErrNoCgo }
+func (noNVML) Missing() map[int]error                               { return nil }
+func (noNVML) SampleGPU(int, gpumon.Source) Reading                 { return Reading{} }
 func (noNVML) WatchHealth(context.Context, func(HealthEvent)) error { return ErrNoCgo }
 func (noNVML) Info() Info                                           { return Info{} }
 func (noNVML) Shutdown()                                            {}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
+	"github.com/gpud/gpud/internal/nvidia/gpumon"
 	"github.com/gpud/gpud/internal/occupancy"
 )
 
@@ -97,12 +98,6 @@ func TestNVMLInitErrors(t *testing.T) {
 		{"count", func(s *dgxa100.Server) {
 			s.DeviceGetCountFunc = func() (int, nvml.Return) { return 0, nvml.ERROR_UNINITIALIZED }
 		}, "device count"},
-		{"handle", func(s *dgxa100.Server) {
-			s.DeviceGetHandleByIndexFunc = func(int) (nvml.Device, nvml.Return) { return nil, nvml.ERROR_GPU_IS_LOST }
-		}, "device 0"},
-		{"minor", func(s *dgxa100.Server) {
-			s.Devices[5].(*dgxa100.Device).GetMinorNumberFunc = func() (int, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED }
-		}, "device 5 minor"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newServer()
@@ -115,6 +110,46 @@ func TestNVMLInitErrors(t *testing.T) {
 				t.Errorf("Init err = %q, want it to name %q", err, tc.msg)
 			}
 		})
+	}
+}
+
+// One device NVML cannot reach (fallen off the bus, or failing a call of
+// its own) does not fail Init: the others are named and sampled, and
+// Missing says which and why, asking again each time.
+func TestNVMLInitOneDeviceUnreachable(t *testing.T) {
+	s := newServer()
+	lost := true
+	handle := s.DeviceGetHandleByIndexFunc
+	s.DeviceGetHandleByIndexFunc = func(i int) (nvml.Device, nvml.Return) {
+		if i == 2 && lost {
+			return nil, nvml.ERROR_GPU_IS_LOST
+		}
+		if handle != nil {
+			return handle(i)
+		}
+		return s.Devices[i], nvml.SUCCESS
+	}
+	s.Devices[5].(*dgxa100.Device).GetMinorNumberFunc = func() (int, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED }
+	n := &NVML{Lib: s}
+	if err := n.Init(); err != nil {
+		t.Fatalf("Init with one lost device: %v, want the others named", err)
+	}
+	gpus := testGPUs(8)
+	unknown := n.Annotate(gpus)
+	// NVML device 2 is minor 5, device 5 minor 2 (newServer).
+	if !slices.Equal(unknown, []int{2, 5}) {
+		t.Errorf("unknown = %v, want [2 5] (the minors of NVML devices 5 and 2)", unknown)
+	}
+	miss := n.Missing()
+	if len(miss) != 2 || !errors.Is(miss[2], gpumon.ErrGPUIsLost) || !errors.Is(miss[5], gpumon.ErrNotSupported) {
+		t.Errorf("Missing = %v, want device 2 lost and device 5 not supported", miss)
+	}
+	if r := n.SampleGPU(0, gpumon.SrcMemory|gpumon.SrcProcesses); len(r.Failed) != 0 || r.Memory == nil {
+		t.Errorf("GPU 0 = %+v, want read", r)
+	}
+	lost = false
+	if miss := n.Missing(); len(miss) != 1 {
+		t.Errorf("Missing after device 2 answers = %v, want device 5 alone", miss)
 	}
 }
 

@@ -49,6 +49,22 @@ type GPU struct {
 	// Aliases are other nodes of the same device (same major:minor): the
 	// same GPU under more names, never a GPU of its own.
 	Aliases []string
+	// MIG is set when this "GPU" is a MIG instance of a GPU in MIG mode:
+	// its Device is the instance's capability node, which its processes
+	// hold open beside their parent's /dev/nvidiaN (nil for a whole GPU).
+	MIG *MIGSlice
+}
+
+// MIGSlice is what makes a GPU a MIG instance: its parent GPU (left out of
+// the rules: every slice's processes open the parent's node) and its place
+// in it.
+type MIGSlice struct {
+	Parent       int    // the parent's index (N of /dev/nvidiaN)
+	ParentUUID   string // the parent's NVML UUID
+	ParentDevice string // the parent's node, /dev/nvidiaN
+	GI, CI       int    // GPU and compute instance ids
+	Profile      string // e.g. "1g.10gb"
+	CapMinor     int    // M of /dev/nvidia-caps/nvidia-capM (mig-minors' gpuN/giG/access)
 }
 
 // ProcInfo identifies a process that holds GPU fds.
@@ -103,6 +119,9 @@ type gpuEntry struct {
 	state      State // as last published
 	memory     *Memory
 	health     GPUHealth
+	// computeActivity: NVML's samples say when this GPU is used; a
+	// holder's opens after its first are not use (without them they are).
+	computeActivity bool
 }
 
 // Memory is a GPU's memory in bytes, as NVML reports it.
@@ -133,13 +152,10 @@ type GPUHealth struct {
 type Ledger struct {
 	mu        sync.Mutex
 	idleAfter time.Duration
-	// computeActivity: NVML's samples say when a GPU is used; a holder's
-	// opens after its first are not use (without NVML they are).
-	computeActivity bool
-	gpus            map[int]*gpuEntry
-	procs           map[int]*proc
-	version         uint64
-	onChange        func()
+	gpus      map[int]*gpuEntry
+	procs     map[int]*proc
+	version   uint64
+	onChange  func()
 }
 
 // NewLedger returns an empty ledger of gpus.
@@ -221,7 +237,7 @@ func (l *Ledger) AddFD(info ProcInfo, gpu int, fd int32, at time.Time) {
 		// NVML, only a holder's first open is (its start); its use is
 		// what NVML samples say.
 		first := len(h.fds) == 1 && !known
-		if !p.info.Agent && (first || !l.computeActivity) {
+		if !p.info.Agent && (first || !g.computeActivity) {
 			if at.After(h.lastActive) {
 				h.lastActive = at
 			}
@@ -418,11 +434,24 @@ func (l *Ledger) ActivityBy(gpu int, at time.Time, pids []uint32) {
 	})
 }
 
-// SetComputeActivity says whether NVML's samples are the GPUs' activity
+// SetComputeActivity says whether NVML's samples are every GPU's activity
 // (true while sampling works); without them every open is.
 func (l *Ledger) SetComputeActivity(on bool) {
 	l.mu.Lock()
-	l.computeActivity = on
+	for _, g := range l.gpus {
+		g.computeActivity = on
+	}
+	l.mu.Unlock()
+}
+
+// SetComputeActivityOf says it of one GPU: NVML samples each GPU on its
+// own, and one that cannot be sampled (per-process utilization is not
+// supported on a MIG-enabled GPU) falls back to opens alone.
+func (l *Ledger) SetComputeActivityOf(gpu int, on bool) {
+	l.mu.Lock()
+	if g, ok := l.gpus[gpu]; ok {
+		g.computeActivity = on
+	}
 	l.mu.Unlock()
 }
 
@@ -603,6 +632,26 @@ func (l *Ledger) Snapshot(now time.Time) Snapshot {
 		s.GPUs = append(s.GPUs, v)
 	}
 	return s
+}
+
+// MemoryHeld returns gpu's free memory and how much of it pids hold, as
+// NVML last reported (a process NVML did not name counts 0); ok is false
+// when NVML does not report the GPU's memory.
+func (l *Ledger) MemoryHeld(gpu int, pids []int) (free, held uint64, ok bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	g, found := l.gpus[gpu]
+	if !found || g.memory == nil {
+		return 0, 0, false
+	}
+	for _, pid := range pids {
+		if p := l.procs[pid]; p != nil {
+			if h := p.holds[gpu]; h != nil && h.memory != nil {
+				held += *h.memory
+			}
+		}
+	}
+	return g.memory.Free(), held, true
 }
 
 // Holders returns the processes holding gpu, agents left out: what is

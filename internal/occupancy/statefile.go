@@ -29,6 +29,9 @@ func Render(s Snapshot, node string, monitoring bool) v1.StateFile {
 			n := *g.NVMLIndex
 			sg.NVMLIndex = &n
 		}
+		if m := g.MIG; m != nil {
+			sg.MIG = &v1.StateMIG{Parent: m.Parent, ParentUUID: m.ParentUUID, ParentDevice: m.ParentDevice, GI: m.GI, CI: m.CI, Profile: m.Profile}
+		}
 		if g.State == Idle {
 			t := g.LastActive.UTC()
 			sg.IdleSince = &t

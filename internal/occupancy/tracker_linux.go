@@ -64,6 +64,8 @@ type Tracker struct {
 	DropResyncs atomic.Uint64 // of which answered lost events
 	// ByType counts events applied, by bpf.EventType (metrics).
 	ByType [bpf.EventTypes]atomic.Uint64
+	// reasons counts the resyncs asked for a reason (ResyncFor).
+	reasons resyncCounts
 
 	monoOffset int64 // wall ns - monotonic ns
 	lastDrops  uint64

@@ -57,8 +57,12 @@ type waiter struct {
 
 func (w *Writer) init() { w.once.Do(func() { w.kick = make(chan struct{}, 1) }) }
 
-// Kick asks for a write; it never blocks.
+// Kick asks for a write; it never blocks. A nil Writer ignores it (a
+// part's hook may fire before the writer is built).
 func (w *Writer) Kick() {
+	if w == nil {
+		return // not built yet: nothing to rewrite
+	}
 	w.init()
 	select {
 	case w.kick <- struct{}{}:

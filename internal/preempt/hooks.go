@@ -31,19 +31,22 @@ var hooks atomic.Pointer[Hooks]
 // removes them). For tests only.
 func SetHooks(h *Hooks) { hooks.Store(h) }
 
-func beforeKill(v Victim) {
+// BeforeKill runs the BeforeKill hook, if any.
+func BeforeKill(v Victim) {
 	if h := hooks.Load(); h != nil && h.BeforeKill != nil {
 		h.BeforeKill(v)
 	}
 }
 
-func beforeReclaim(t Target) {
+// BeforeReclaim runs the BeforeReclaim hook, if any.
+func BeforeReclaim(t Target) {
 	if h := hooks.Load(); h != nil && h.BeforeReclaim != nil {
 		h.BeforeReclaim(t)
 	}
 }
 
-func afterReclaim(t Target, err error) {
+// AfterReclaim runs the AfterReclaim hook, if any.
+func AfterReclaim(t Target, err error) {
 	if h := hooks.Load(); h != nil && h.AfterReclaim != nil {
 		h.AfterReclaim(t, err)
 	}

@@ -1,7 +1,9 @@
-// Package preempt holds gpud's priority rules as data and
-// one pure function, and the actions that carry out a verdict: killing
-// low-priority holders through pidfds, reclaiming their containers, and the
-// durable record of each preemption (the resume point included).
+// Package preempt holds gpud's priority rules as data with their pure
+// functions (Decide, Resumable, Relend, FreezeSafe, the modes), and the
+// data a decision and its record are made of (Victim, Target, Party,
+// Record). What carries a verdict out lives below it: executor (the
+// Executor and the Reclaimer), kill (pidfds, batches) and journal (the
+// durable record, checkpoint directories).
 package preempt
 
 import "github.com/gpud/gpud/internal/occupancy"

@@ -61,7 +61,11 @@ func RenderExplain(w io.Writer, e *v1.Explanation) error {
 		if g.Allow {
 			verdict = "allow"
 		}
-		fmt.Fprintf(&b, "open of GPU %d: %s (rule: %s)", g.Index, verdict, printable(g.Rule))
+		name := fmt.Sprint(g.Index)
+		if g.MIG != "" {
+			name = "MIG slice " + printable(g.MIG) // its index says nothing to a reader
+		}
+		fmt.Fprintf(&b, "open of GPU %s: %s (rule: %s)", name, verdict, printable(g.Rule))
 		var facts []string
 		facts = append(facts, printable(string(g.State)))
 		if g.Holds {

@@ -13,11 +13,19 @@ import (
 	v1 "github.com/gpud/gpud/api/v1"
 )
 
-// Formats are `gpud status -o`'s values.
-var Formats = []string{"table", "wide", "json", "yaml"}
-
-// ExplainFormats are `gpud explain -o`'s values.
-var ExplainFormats = []string{"text", "json", "yaml"}
+// The -o vocabulary of every gpud command that prints: Formats where the
+// output is a list (a table, and a wide one with every column whole),
+// RecordFormats where it is one record (text). json and yaml are the same
+// document everywhere (Encode).
+var (
+	// Formats are `gpud status -o`'s values.
+	Formats = []string{"table", "wide", "json", "yaml"}
+	// RecordFormats are the values of a command printing one record
+	// (gpud explain, gpud version).
+	RecordFormats = []string{"text", "json", "yaml"}
+	// ExplainFormats are `gpud explain -o`'s values.
+	ExplainFormats = RecordFormats
+)
 
 // Write writes the state file in format (one of Formats).
 func Write(w io.Writer, f *v1.StateFile, format string, now time.Time) error {
@@ -36,6 +44,15 @@ func WriteExplain(w io.Writer, e *v1.Explanation, format string) error {
 		return RenderExplain(w, e)
 	}
 	return Encode(w, e, format)
+}
+
+// WriteRecord writes one record in format (one of RecordFormats): text by
+// text, json and yaml by Encode.
+func WriteRecord(w io.Writer, v any, format string, text func(io.Writer) error) error {
+	if format == "text" {
+		return text(w)
+	}
+	return Encode(w, v, format)
 }
 
 // Encode writes v as indented JSON, or as YAML with the same keys in the

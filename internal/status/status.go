@@ -76,14 +76,14 @@ func renderTable(out io.Writer, f *v1.StateFile, now time.Time, wide bool) error
 		}
 		if len(rows) == 0 {
 			if wide {
-				fmt.Fprintf(tw, "%d\t%s\t-\t-\t-\t-\t-\t-\t-\t%s\n", g.Index, state, orDash(g.UUID))
+				fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t-\t-\t-\t-\t%s\n", gpuName(g), state, orDash(g.UUID))
 			} else {
-				fmt.Fprintf(tw, "%d\t%s\t-\t-\t-\t-\t-\n", g.Index, state)
+				fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t-\t-\n", gpuName(g), state)
 			}
 			continue
 		}
 		for i, h := range rows {
-			gpu, uuid := fmt.Sprint(g.Index), orDash(g.UUID)
+			gpu, uuid := gpuName(g), orDash(g.UUID)
 			if i > 0 {
 				gpu, state, uuid = "", "", ""
 			}
@@ -177,6 +177,9 @@ func renderGPUFacts(w io.Writer, f *v1.StateFile, now time.Time) {
 	var lines []string
 	for _, g := range f.GPUs {
 		var parts []string
+		if mf := migFact(g); mf != "" {
+			parts = append(parts, mf)
+		}
 		if m := g.Memory; m != nil {
 			parts = append(parts, fmt.Sprintf("memory %.1f of %.1f GiB used", gib(m.UsedBytes), gib(m.TotalBytes)))
 		}
@@ -186,6 +189,13 @@ func renderGPUFacts(w io.Writer, f *v1.StateFile, now time.Time) {
 				since = " for " + ago(now, *h.Since)
 			}
 			parts = append(parts, fmt.Sprintf("UNHEALTHY%s: %s", since, printable(h.Reason)))
+		}
+		if n := g.NVML; n != nil && n.State != "" && n.State != "ok" {
+			line := "NVML " + strings.ToUpper(printable(n.State)) + ": " + printable(n.Reason)
+			if n.ActivitySource == "opens" {
+				line += " (activity from opens)"
+			}
+			parts = append(parts, line)
 		}
 		if f.DRA != nil {
 			for _, n := range f.DRA.NotOffered {
@@ -198,7 +208,7 @@ func renderGPUFacts(w io.Writer, f *v1.StateFile, now time.Time) {
 			parts = append(parts, "not lent: "+printable(g.NotLendable))
 		}
 		if len(parts) > 0 {
-			lines = append(lines, fmt.Sprintf("  GPU %d  %s", g.Index, strings.Join(parts, "; ")))
+			lines = append(lines, fmt.Sprintf("  GPU %s  %s", gpuName(g), strings.Join(parts, "; ")))
 		}
 	}
 	for _, g := range f.LeftAlone {

@@ -376,6 +376,7 @@ func TestRenderNVMLFacts(t *testing.T) {
 			{Index: 0, State: occupancy.Idle, Memory: &v1.StateMemory{TotalBytes: 16 << 30, UsedBytes: 13 << 30}, Health: &v1.StateGPUHealth{Healthy: true},
 				Lendable: &no, NotLendable: "3072 MiB free, below the floor of 4096 MiB"},
 			{Index: 1, State: occupancy.Free, Health: &v1.StateGPUHealth{Reason: "XID 79", Since: &since}},
+			{Index: 3, State: occupancy.Free, NVML: &v1.StateGPUNVML{State: "degraded", Reason: "utilization: not supported by this GPU", ActivitySource: "opens"}},
 		},
 		LeftAlone: []v1.StateLeftAlone{{Device: "/dev/nvidia2", UUID: "GPU-ccc", Reason: "MIG enabled"}},
 	}
@@ -387,6 +388,7 @@ func TestRenderNVMLFacts(t *testing.T) {
 		"activity from nvml (NVML /driver-root/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1, driver 570.86.15)",
 		"GPU 0  memory 13.0 of 16.0 GiB used; not lent: 3072 MiB free, below the floor of 4096 MiB",
 		"GPU 1  UNHEALTHY for 3m00s: XID 79",
+		"GPU 3  NVML DEGRADED: utilization: not supported by this GPU (activity from opens)",
 		"/dev/nvidia2 GPU-ccc  LEFT ALONE: MIG enabled",
 	} {
 		if !strings.Contains(b.String(), want) {

@@ -26,9 +26,10 @@ type NVMLGPU struct {
 
 // NVMLProcess is a process using a GPU's memory.
 type NVMLProcess struct {
-	GPU    int // NVML index
-	PID    int
-	Memory uint64
+	GPU      int // NVML index
+	PID      int
+	Memory   uint64
+	MemoryNA bool // usedGpuMemory is NVML_VALUE_NOT_AVAILABLE
 }
 
 // NVMLDouble is the NVML test double (internal/nvidia/nvmldouble), built
@@ -44,6 +45,9 @@ type NVMLDouble struct {
 	samples   []string
 	events    []string
 	seq       int
+	mismatch  bool
+	faults    []string  // eventerr and slow records
+	migs      []NVMLMIG // MIG devices (mig.go)
 }
 
 var nvmlBuild struct {
@@ -155,6 +159,35 @@ func (n *NVMLDouble) Compute(tb testing.TB, index, pid int, sm int) {
 	n.write(tb)
 }
 
+// SetMismatch makes nvmlInit_v2 fail with NVML_ERROR_LIB_RM_VERSION_MISMATCH
+// (a driver upgraded under the node) while on.
+func (n *NVMLDouble) SetMismatch(tb testing.TB, on bool) {
+	n.mu.Lock()
+	n.mismatch = on
+	n.mu.Unlock()
+	n.write(tb)
+}
+
+// EventErr makes the next count nvmlEventSetWait_v2 calls answer code
+// ("timeout", "unknown", "gpu_is_lost"), naming GPU index (NVML's; -1:
+// none) in the event data.
+func (n *NVMLDouble) EventErr(tb testing.TB, code string, index, count int) {
+	n.mu.Lock()
+	n.seq++
+	n.faults = append(n.faults, fmt.Sprintf("eventerr id=%d code=%s gpu=%d count=%d", n.seq, code, index, count))
+	n.mu.Unlock()
+	n.write(tb)
+}
+
+// Slow makes NVML function fn sleep ms on GPU index (NVML's; -1: every
+// GPU, and calls of no GPU).
+func (n *NVMLDouble) Slow(tb testing.TB, fn string, index, ms int) {
+	n.mu.Lock()
+	n.faults = append(n.faults, fmt.Sprintf("slow fn=%s ms=%d gpu=%d", fn, ms, index))
+	n.mu.Unlock()
+	n.write(tb)
+}
+
 // XID adds an XID critical error event on GPU index.
 func (n *NVMLDouble) XID(tb testing.TB, index, xid int) { n.event(tb, index, "xid", xid) }
 
@@ -174,7 +207,7 @@ func (n *NVMLDouble) write(tb testing.TB) {
 	tb.Helper()
 	n.mu.Lock()
 	var b strings.Builder
-	fmt.Fprintf(&b, "driver version=%s\n", n.driver)
+	fmt.Fprintf(&b, "driver version=%s mismatch=%d\n", n.driver, b2i(n.mismatch))
 	for _, g := range n.gpus {
 		fmt.Fprintf(&b, "gpu index=%d minor=%d memory_total=%d mig=%d lost=%d", g.Index, g.Minor, g.MemoryTotal, b2i(g.MIG), b2i(g.Lost))
 		if g.UUID != "" {
@@ -189,7 +222,17 @@ func (n *NVMLDouble) write(tb testing.TB) {
 		b.WriteByte('\n')
 	}
 	for _, p := range n.processes {
-		fmt.Fprintf(&b, "process gpu=%d pid=%d memory=%d\n", p.GPU, p.PID, p.Memory)
+		mem := fmt.Sprint(p.Memory)
+		if p.MemoryNA {
+			mem = "na"
+		}
+		fmt.Fprintf(&b, "process gpu=%d pid=%d memory=%s\n", p.GPU, p.PID, mem)
+	}
+	for _, m := range n.migs {
+		fmt.Fprintf(&b, "mig gpu=%d gi=%d ci=%d uuid=%s profile=%s memory_total=%d\n", m.GPU, m.GI, m.CI, m.UUID, m.Profile, m.MemoryTotal)
+	}
+	for _, f := range n.faults {
+		b.WriteString(f + "\n")
 	}
 	for _, s := range n.samples {
 		b.WriteString(s + "\n")

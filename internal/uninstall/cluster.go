@@ -9,12 +9,11 @@ import (
 	"slices"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/kubernetes"
 )
 
 // Annotation marks gpud's DaemonSet, and its pods' template, as turned
@@ -24,9 +23,21 @@ const Annotation = "gpud.io/uninstalling"
 // Container is the name of gpud's container in its DaemonSet's pods.
 const Container = "gpud"
 
+// DaemonSets is the API server as the pre-delete hook asks it
+// (kube.DaemonSets over a clientset): this package needs no client of its
+// own.
+type DaemonSets interface {
+	// Patch applies a strategic merge patch to the DaemonSet as
+	// fieldManager.
+	Patch(ctx context.Context, namespace, name string, patch []byte, fieldManager string) (*appsv1.DaemonSet, error)
+	Get(ctx context.Context, namespace, name string) (*appsv1.DaemonSet, error)
+	// Pods lists the pods of namespace that the label selector matches.
+	Pods(ctx context.Context, namespace, selector string) ([]corev1.Pod, error)
+}
+
 // Cleanup is one turning of gpud's DaemonSet into cleaners.
 type Cleanup struct {
-	Client    kubernetes.Interface
+	Client    DaemonSets
 	Namespace string
 	DaemonSet string
 	// Args are the cleaner's arguments (`uninstall ... --wait`), Check its
@@ -45,12 +56,11 @@ type Cleanup struct {
 // state is gone, and those where it may not be (a node down, a pod not
 // started in time); a DaemonSet that does not exist is nothing to do.
 func (c Cleanup) Run(ctx context.Context) (cleaned, notCleaned []string, err error) {
-	dsc := c.Client.AppsV1().DaemonSets(c.Namespace)
 	patch, err := c.patch()
 	if err != nil {
 		return nil, nil, err
 	}
-	ds, err := dsc.Patch(ctx, c.DaemonSet, types.StrategicMergePatchType, patch, metav1.PatchOptions{FieldManager: "gpud-uninstall"})
+	ds, err := c.Client.Patch(ctx, c.Namespace, c.DaemonSet, patch, "gpud-uninstall")
 	if apierrors.IsNotFound(err) {
 		c.Log.Info("no DaemonSet: nothing to clean", "namespace", c.Namespace, "daemonset", c.DaemonSet)
 		return nil, nil, nil
@@ -81,7 +91,7 @@ func (c Cleanup) Run(ctx context.Context) (cleaned, notCleaned []string, err err
 // progress reads the DaemonSet's status and pods: the nodes whose cleaner
 // is ready, and the nodes that should run one and have none ready.
 func (c Cleanup) progress(ctx context.Context, gen int64) (cleaned, notCleaned []string, err error) {
-	ds, err := c.Client.AppsV1().DaemonSets(c.Namespace).Get(ctx, c.DaemonSet, metav1.GetOptions{})
+	ds, err := c.Client.Get(ctx, c.Namespace, c.DaemonSet)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -89,11 +99,11 @@ func (c Cleanup) progress(ctx context.Context, gen int64) (cleaned, notCleaned [
 	if err != nil {
 		return nil, nil, fmt.Errorf("the DaemonSet's selector: %w", err)
 	}
-	pods, err := c.Client.CoreV1().Pods(c.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel.String()})
+	pods, err := c.Client.Pods(ctx, c.Namespace, sel.String())
 	if err != nil {
 		return nil, nil, err
 	}
-	for _, p := range pods.Items {
+	for _, p := range pods {
 		if !metav1.IsControlledBy(&p, ds) || p.Spec.NodeName == "" {
 			continue
 		}

@@ -12,6 +12,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/gpud/gpud/internal/workload/kube"
 )
 
 func daemonSet() *appsv1.DaemonSet {
@@ -54,7 +56,7 @@ func TestCleanupWaitsForEveryNode(t *testing.T) {
 	type result struct{ cleaned, notCleaned []string }
 	done := make(chan result, 1)
 	go func() {
-		cl, nc, err := Cleanup{Client: c, Namespace: "gpud-system", DaemonSet: "gpud", Poll: 10 * time.Millisecond,
+		cl, nc, err := Cleanup{Client: kube.DaemonSets{Client: c}, Namespace: "gpud-system", DaemonSet: "gpud", Poll: 10 * time.Millisecond,
 			Args: []string{"uninstall", "--wait"}, Check: []string{"/gpud", "uninstall", "--check"}, Log: slog.Default()}.Run(context.Background())
 		if err != nil {
 			t.Error(err)
@@ -120,14 +122,14 @@ func TestCleanupReportsNodesNotCleaned(t *testing.T) {
 	c := fake.NewClientset(ds, pod(ds, "gpud-a", "node-a", true, true), pod(ds, "gpud-b", "node-b", true, false))
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
-	cl, nc, err := Cleanup{Client: c, Namespace: "gpud-system", DaemonSet: "gpud", Poll: 10 * time.Millisecond, Log: slog.Default()}.Run(ctx)
+	cl, nc, err := Cleanup{Client: kube.DaemonSets{Client: c}, Namespace: "gpud-system", DaemonSet: "gpud", Poll: 10 * time.Millisecond, Log: slog.Default()}.Run(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !slices.Equal(cl, []string{"node-a"}) || !slices.Equal(nc, []string{"node-b"}) {
 		t.Errorf("cleaned %v, not cleaned %v", cl, nc)
 	}
-	cl, nc, err = Cleanup{Client: fake.NewClientset(), Namespace: "gpud-system", DaemonSet: "gpud", Log: slog.Default()}.Run(context.Background())
+	cl, nc, err = Cleanup{Client: kube.DaemonSets{Client: fake.NewClientset()}, Namespace: "gpud-system", DaemonSet: "gpud", Log: slog.Default()}.Run(context.Background())
 	if err != nil || cl != nil || nc != nil {
 		t.Errorf("no DaemonSet: %v %v %v", cl, nc, err)
 	}

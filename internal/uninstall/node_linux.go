@@ -11,7 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gpud/gpud/bpf"
-	"github.com/gpud/gpud/internal/preempt"
+	"github.com/gpud/gpud/internal/preempt/journal"
 	"github.com/gpud/gpud/internal/safefs"
 )
 
@@ -199,7 +199,7 @@ func removeNotices(root, checkpointRoot string, log *slog.Logger) error {
 	var errs []error
 	tasks := 0
 	for _, n := range names {
-		if n == preempt.LayoutFile {
+		if n == journal.LayoutFile {
 			continue
 		}
 		scope := filepath.Join(checkpointRoot, n)
@@ -222,7 +222,7 @@ func removeNotices(root, checkpointRoot string, log *slog.Logger) error {
 				log.Warn("checkpoint entry left alone", "path", filepath.Join(scope, tn), "error", err)
 				continue
 			}
-			err = td.Remove(preempt.CheckpointFile)
+			err = td.Remove(journal.CheckpointFile)
 			td.Close()
 			if err != nil {
 				errs = append(errs, err)
@@ -238,7 +238,7 @@ func removeNotices(root, checkpointRoot string, log *slog.Logger) error {
 			errs = append(errs, err)
 		}
 	}
-	if err := d.Remove(preempt.LayoutFile); err != nil {
+	if err := d.Remove(journal.LayoutFile); err != nil {
 		errs = append(errs, err)
 	}
 	if tasks > 0 {

@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"github.com/gpud/gpud/internal/dra"
-	"github.com/gpud/gpud/internal/preempt"
+	"github.com/gpud/gpud/internal/preempt/journal"
 	"github.com/gpud/gpud/internal/testutil"
 )
 
@@ -32,8 +32,8 @@ func node(t *testing.T) (string, Paths) {
 		CheckpointRoot: "/var/lib/gpud/checkpoints",
 	}
 	for _, f := range []string{p.StateFile, p.ControlSocket, "/var/lib/gpud/" + JournalFile,
-		"/var/lib/gpud/checkpoints/ml/task-a/" + preempt.CheckpointFile,
-		"/var/lib/gpud/checkpoints/_legacy/task-b/" + preempt.CheckpointFile, "/var/lib/gpud/checkpoints/" + preempt.LayoutFile} {
+		"/var/lib/gpud/checkpoints/ml/task-a/" + journal.CheckpointFile,
+		"/var/lib/gpud/checkpoints/_legacy/task-b/" + journal.CheckpointFile, "/var/lib/gpud/checkpoints/" + journal.LayoutFile} {
 		write(t, filepath.Join(root, f))
 	}
 	return root, p
@@ -99,17 +99,17 @@ func TestNodeRemovesOnlyGpudsOwnFiles(t *testing.T) {
 	}
 	// A task directory another user made: not gpud's, left with its file.
 	theirs := testutil.MkdirOwned(t, filepath.Join(root, "/var/lib/gpud/checkpoints/ml/task-c"), 0o755, nobody)
-	write(t, filepath.Join(theirs, preempt.CheckpointFile))
+	write(t, filepath.Join(theirs, journal.CheckpointFile))
 
 	if err := Node(p, slog.Default()); err != nil {
 		t.Fatal(err)
 	}
-	for _, f := range []string{ckpt, victim, filepath.Join(root, "/var/lib/gpud", JournalFile), filepath.Join(theirs, preempt.CheckpointFile)} {
+	for _, f := range []string{ckpt, victim, filepath.Join(root, "/var/lib/gpud", JournalFile), filepath.Join(theirs, journal.CheckpointFile)} {
 		if !exists(f) {
 			t.Errorf("%s removed", f)
 		}
 	}
-	for _, f := range []string{sf, filepath.Join(root, "/var/lib/gpud/checkpoints/ml/task-a", preempt.CheckpointFile), filepath.Join(root, "/var/lib/gpud/checkpoints/_legacy/task-b"), filepath.Join(root, "/run/gpud")} {
+	for _, f := range []string{sf, filepath.Join(root, "/var/lib/gpud/checkpoints/ml/task-a", journal.CheckpointFile), filepath.Join(root, "/var/lib/gpud/checkpoints/_legacy/task-b"), filepath.Join(root, "/run/gpud")} {
 		if exists(f) {
 			t.Errorf("%s left", f)
 		}

@@ -37,7 +37,7 @@ const (
 var ErrBadLabel = errors.New("priority: malformed gpud.io/priority label")
 
 // ParseLabel reads a gpud.io/priority value: exactly high or low. Nothing
-// is trimmed: " high" or "high\n" is malformed (the README's rule), so a
+// is trimmed: " high" or "high\n" is malformed (docs/rules.md), so a
 // value that only looks right never gets a class that kills or blocks.
 func ParseLabel(v string) (occupancy.Priority, error) {
 	switch v {

@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,11 +18,8 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/gpud/gpud/internal/config"
-	"github.com/gpud/gpud/internal/daemon"
 	"github.com/gpud/gpud/internal/deviceplugin"
-	"github.com/gpud/gpud/internal/nvidia"
 	"github.com/gpud/gpud/internal/occupancy"
-	"github.com/gpud/gpud/internal/preempt"
 	"github.com/gpud/gpud/internal/testutil"
 )
 
@@ -128,30 +124,9 @@ func TestBorrowerGetsCDIDevicesAndUUID(t *testing.T) {
 	writeCDISpec(t, uuid, gpu)
 	startUUIDStandin(t, uuid)
 
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	t.Cleanup(func() { cancel(); wg.Wait() })
-	state := t.TempDir()
-	logs := &testutil.Buffer{}
-	d, err := daemon.New(daemon.Config{Run: config.Run{
-		DevDir: dev, StateFile: filepath.Join(state, "state.json"), StateDir: state,
-		IdleAfter: 2 * time.Second, NodeName: env(t, "NODE_NAME"), KubeConfig: env(t, "KUBECONFIG"),
-		Enforce: true, FailOpenAfter: 30 * time.Second, DefaultPriority: occupancy.Unmanaged,
-		Reclaim: preempt.ReclaimEvict, ReservationTTL: 30 * time.Second, DockerHost: "none", CRIEndpoint: "none",
-		DevicePlugin: true, ResourceName: cdiResource, KubeletDir: env(t, "DEVICE_PLUGINS_DIR"), CDIKind: config.Defaults().CDIKind,
-		CDISpecDirs:        []string{env(t, "CDI_SPEC_DIR")},
-		PodResourcesSocket: filepath.Join(env(t, "KUBELET_ROOT"), "pod-resources", "kubelet.sock"),
-	}, NVML: &nvidia.NVML{Lib: lib}}, slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
-	if err != nil {
-		t.Fatal(err)
-	}
-	wg.Go(func() { d.Run(ctx) })
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("gpud's log:\n%s", logs.String())
-		}
+	d, statePath := lendingGpud(t, dev, lib, func(r *config.Run) {
+		r.ResourceName, r.CDIKind, r.CDISpecDirs = cdiResource, config.Defaults().CDIKind, []string{env(t, "CDI_SPEC_DIR")}
 	})
-	statePath := filepath.Join(state, "state.json")
 	holders := fileHolders(statePath)
 	testutil.Eventually(t, 30*time.Second, "gpud registered and kubelet lists both resources", func() bool {
 		return d.Plugin().IsRegistered() && allocatable(t, "nvidia.com/gpu") == "1"

@@ -37,14 +37,12 @@ func sharePod(t *testing.T, name, mem string, labels ...string) {
 // the scheduler choose and holds nothing.
 func sharePodOn(t *testing.T, name, mem, uuid string, labels ...string) {
 	t.Helper()
-	selector, command := "", "trap 'exit 0' TERM; sleep 3600 & wait"
+	pod := testPod{name: name, labels: labels, restart: "Never", container: claimedGPU,
+		spec: fmt.Sprintf("  resourceClaims:\n  - name: gpu\n    resourceClaimTemplateName: %s\n", name)}
+	selector := ""
 	if uuid != "" {
 		selector = fmt.Sprintf("\n          selectors: [{cel: {expression: 'device.attributes[\"gpud.io\"].uuid == \"%s\"'}}]", uuid)
-		command = "exec 3<>$(ls /dev/nvidia[0-9]*); " + command
-	}
-	var kv []string
-	for i := 0; i+1 < len(labels); i += 2 {
-		kv = append(kv, fmt.Sprintf("%q: %q", labels[i], labels[i+1]))
+		pod.command = "exec 3<>$(ls /dev/nvidia[0-9]*); " + sleepUntilTerm
 	}
 	apply(t, fmt.Sprintf(`apiVersion: resource.k8s.io/v1
 kind: ResourceClaimTemplate
@@ -55,25 +53,10 @@ spec:
       requests:
       - name: gpu
         exactly:
-          deviceClassName: gpu-mem.gpud.io%[4]s
+          deviceClassName: gpu-mem.gpud.io%[3]s
           capacity: {requests: {memory: %[2]s}}
 ---
-apiVersion: v1
-kind: Pod
-metadata: {name: %[1]s, namespace: default, labels: {%[3]s}}
-spec:
-  terminationGracePeriodSeconds: 2
-  restartPolicy: Never
-  containers:
-  - name: c
-    image: gpud.local/busybox:1
-    imagePullPolicy: Never
-    command: ["sh", "-c", %[5]q]
-    resources: {claims: [{name: gpu}]}
-  resourceClaims:
-  - name: gpu
-    resourceClaimTemplateName: %[1]s
-`, name, mem, strings.Join(kv, ", "), selector, command))
+`, name, mem, selector)+pod.manifest(t))
 	t.Cleanup(func() {
 		kubectl(t, "delete", "pod", name, "--grace-period=0", "--force", "--ignore-not-found")
 		kubectl(t, "delete", "resourceclaimtemplate", name, "--ignore-not-found")
@@ -347,20 +330,7 @@ func TestSharingByMemoryThroughDRA(t *testing.T) {
 // extended resource DRA serves is allocated by the scheduler).
 func resourcePodScheduled(t *testing.T, name, resource string) {
 	t.Helper()
-	apply(t, fmt.Sprintf(`apiVersion: v1
-kind: Pod
-metadata: {name: %s, namespace: default}
-spec:
-  terminationGracePeriodSeconds: 2
-  restartPolicy: Never
-  containers:
-  - name: c
-    image: gpud.local/busybox:1
-    imagePullPolicy: Never
-    command: ["sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"]
-    resources: {limits: {%q: 1}}
-`, name, resource))
-	t.Cleanup(func() { kubectl(t, "delete", "pod", name, "--grace-period=0", "--force", "--ignore-not-found") })
+	testPod{name: name, restart: "Never", container: limitOne(resource)}.run(t)
 }
 
 // The share rule on the real cluster: a low pod and a high pod share one

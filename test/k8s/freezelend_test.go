@@ -3,21 +3,14 @@
 package k8s
 
 import (
-	"context"
 	"fmt"
-	"log/slog"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/gpud/gpud/internal/config"
-	"github.com/gpud/gpud/internal/daemon"
-	"github.com/gpud/gpud/internal/nvidia"
-	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/preempt"
 	"github.com/gpud/gpud/internal/testutil"
 )
@@ -27,21 +20,10 @@ import (
 // restart shows in restartCount); probes as given ("" none).
 func counterPod(t *testing.T, name, probe string) {
 	t.Helper()
-	apply(t, fmt.Sprintf(`apiVersion: v1
-kind: Pod
-metadata: {name: %s, namespace: default}
-spec:
-  nodeName: %s
-  terminationGracePeriodSeconds: 2
-  restartPolicy: Always
-  containers:
-  - name: c
-    image: gpud.local/busybox:1
-    imagePullPolicy: Never
-    command: ["sh", "-c", "exec 3<>/dev/nvidia0; i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done"]
-    resources: {limits: {"gpud.io/idle-gpu": 1}}
-%s`, name, env(t, "NODE_NAME"), probe))
-	t.Cleanup(func() { kubectl(t, "delete", "pod", name, "--grace-period=0", "--force", "--ignore-not-found") })
+	testPod{name: name, onNode: true, restart: "Always",
+		command:   "exec 3<>/dev/nvidia0; i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done",
+		container: limitOne("gpud.io/idle-gpu") + probe,
+	}.run(t)
 }
 
 // readCount reads a process's /tmp/count through /proc (not kubectl exec:
@@ -68,32 +50,9 @@ func readCount(pid int) int {
 func TestLentBorrowerFrozenAndResumedOnARealKubelet(t *testing.T) {
 	dev, gpu := fakeGPU(t)
 	startStandin(t, gpu)
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	t.Cleanup(func() { cancel(); wg.Wait() })
 	lib, ownerActive := ownerActivityMock()
-
-	state := t.TempDir()
-	logs := &testutil.Buffer{}
-	d, err := daemon.New(daemon.Config{Run: config.Run{
-		DevDir: dev, StateFile: filepath.Join(state, "state.json"), StateDir: state,
-		IdleAfter: 2 * time.Second, NodeName: env(t, "NODE_NAME"), KubeConfig: env(t, "KUBECONFIG"),
-		Enforce: true, FailOpenAfter: 30 * time.Second, DefaultPriority: occupancy.Unmanaged,
-		Reclaim: preempt.ReclaimEvict, ReservationTTL: 30 * time.Second, DockerHost: "none", CRIEndpoint: "none",
-		DevicePlugin: true, KubeletDir: env(t, "DEVICE_PLUGINS_DIR"),
-		PodResourcesSocket: filepath.Join(env(t, "KUBELET_ROOT"), "pod-resources", "kubelet.sock"),
-		PreemptMode:        "freeze", MaxFrozen: 10 * time.Minute,
-	}, NVML: &nvidia.NVML{Lib: lib}}, slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
-	if err != nil {
-		t.Fatal(err)
-	}
-	wg.Go(func() { d.Run(ctx) })
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("gpud's log:\n%s", logs.String())
-		}
-	})
-	holders := fileHolders(filepath.Join(state, "state.json"))
+	d, statePath := lendingGpud(t, dev, lib, func(r *config.Run) { r.PreemptMode, r.MaxFrozen = "freeze", 10*time.Minute })
+	holders := fileHolders(statePath)
 	testutil.Eventually(t, 30*time.Second, "gpud registered and kubelet lists both resources", func() bool {
 		return d.Plugin().IsRegistered() && allocatable(t, "nvidia.com/gpu") == "1"
 	})

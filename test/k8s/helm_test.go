@@ -3,7 +3,6 @@
 package k8s
 
 import (
-	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
@@ -20,6 +19,7 @@ import (
 	"time"
 
 	"github.com/gpud/gpud/internal/testutil"
+	yamlv3 "go.yaml.in/yaml/v3"
 	"k8s.io/apimachinery/pkg/util/yaml"
 )
 
@@ -28,6 +28,39 @@ import (
 func chartDir() string {
 	root, _ := filepath.Abs("../..")
 	return filepath.Join(root, "deploy/helm/gpud")
+}
+
+// chartArchive is the packaged chart `make test` installs: scripts/release.sh's
+// bin/release/gpud-<chart version>.tgz of the version $GPUD_VERSION (the
+// Makefile's), else the newest there. It returns the archive and its
+// Chart.yaml's version and appVersion.
+func chartArchive(t *testing.T) (archive, version, appVersion string) {
+	t.Helper()
+	root, _ := filepath.Abs("../..")
+	files, _ := filepath.Glob(filepath.Join(root, "bin/release/gpud-*.tgz"))
+	var newest time.Time
+	for _, f := range files {
+		meta := helm(t, "show", "chart", f)
+		var c struct {
+			Version    string `yaml:"version"`
+			AppVersion string `yaml:"appVersion"`
+		}
+		if err := yamlv3.Unmarshal([]byte(meta), &c); err != nil {
+			t.Fatalf("%s: Chart.yaml: %v", f, err)
+		}
+		st, err := os.Stat(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := os.Getenv("GPUD_VERSION"); want != "" && c.AppVersion == want ||
+			want == "" && st.ModTime().After(newest) {
+			archive, version, appVersion, newest = f, c.Version, c.AppVersion, st.ModTime()
+		}
+	}
+	if archive == "" {
+		t.Fatalf("no packaged chart of version %q in bin/release (%v): `make test` runs scripts/release.sh first", os.Getenv("GPUD_VERSION"), files)
+	}
+	return archive, version, appVersion
 }
 
 func helm(t *testing.T, args ...string) string {
@@ -47,8 +80,14 @@ func helm(t *testing.T, args ...string) string {
 // a quick readiness probe.
 func testValues(t *testing.T, dev string) string {
 	t.Helper()
+	return clusterValues(t, dev, "{repository: gpud.local/gpud, tag: dev, pullPolicy: Never}")
+}
+
+// clusterValues are testValues with image as its image value.
+func clusterValues(t *testing.T, dev, image string) string {
+	t.Helper()
 	f := filepath.Join(t.TempDir(), "values.yaml")
-	err := os.WriteFile(f, []byte(fmt.Sprintf(`image: {repository: gpud.local/gpud, tag: dev, pullPolicy: Never}
+	err := os.WriteFile(f, []byte(fmt.Sprintf(`image: %s
 createNamespace: true
 hostPaths: {dev: %s}
 extraEnv:
@@ -56,7 +95,7 @@ extraEnv:
   - {name: KUBERNETES_SERVICE_PORT, value: "6443"}
 readinessProbe: {periodSeconds: 1}
 uninstallHook: {hostNetwork: true}
-`, dev)), 0o644)
+`, image, dev)), 0o644)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,30 +176,6 @@ func kustomizeBase(t *testing.T) map[string]object {
 	t.Helper()
 	root, _ := filepath.Abs("../..")
 	return objects(t, mustKubectl(t, "kustomize", filepath.Join(root, "deploy/base")))
-}
-
-// runFlags lists `gpud run`'s flags, from its own help.
-func runFlags(t *testing.T) []string {
-	t.Helper()
-	root, _ := filepath.Abs("../..")
-	out, err := exec.Command(filepath.Join(root, "bin/gpud"), "run", "-h").CombinedOutput()
-	if err != nil {
-		t.Fatalf("gpud run -h: %v\n%s", err, out)
-	}
-	var flags []string
-	// cobra's usage: "      --idle-after duration   ..." ("-h, --help" is
-	// not a setting).
-	re := regexp.MustCompile(`^\s+(?:-[a-z], )?--([a-z0-9-]+)`)
-	sc := bufio.NewScanner(bytes.NewReader(out))
-	for sc.Scan() {
-		if m := re.FindStringSubmatch(sc.Text()); m != nil && m[1] != "help" {
-			flags = append(flags, m[1])
-		}
-	}
-	if len(flags) < 10 {
-		t.Fatalf("gpud run -h lists %d flags:\n%s", len(flags), out)
-	}
-	return flags
 }
 
 // The chart renders the kustomize base's objects with the same RBAC rules,
@@ -247,18 +262,10 @@ func TestHelmChartRendersTheBase(t *testing.T) {
 		t.Errorf("affinity=null still renders %v", a)
 	}
 
-	// Every flag of `gpud run` is a value: set the ones rendered only when
-	// set, and turn lending on. (--config is not a setting but where more
-	// are; the chart passes them all as flags, which win over the file.
-	// --uninstall is an admin's one-off action.)
+	// Every flag of `gpud run` is a value of the chart, passed only when
+	// set: cmd/gpud TestChartPassesEverySetting and TestChartDefaultsAreTheBinarys.
 	all := objects(t, render(t, "--set", "devicePlugin.enabled=true,dra.enabled=true,serviceMonitor.enabled=true,gpud.monitoring=false",
-		"--set", "gpud.nodeName=n,gpud.cgroupRoot=/c,gpud.kubeconfig=/k,gpud.criEndpoint=/r,gpud.metricsAddr=127.0.0.1:9410,gpud.pprofAddr=127.0.0.1:6060"))
-	args := strings.Join(all["DaemonSet"].Spec.Template.Spec.Containers[0].Args, " ") + " "
-	for _, f := range runFlags(t) {
-		if f != "config" && f != "uninstall" && !strings.Contains(args, " --"+f+"=") {
-			t.Errorf("`gpud run --%s` has no value in the chart (args: %s)", f, args)
-		}
-	}
+		"--set", "gpud.metricsAddr=127.0.0.1:9410"))
 	if _, ok := all["ServiceMonitor"]; !ok {
 		t.Error("serviceMonitor.enabled renders no ServiceMonitor")
 	}
@@ -288,16 +295,18 @@ func TestHelmChartRendersTheBase(t *testing.T) {
 	}
 }
 
-// deployChart renders the chart with the test values (and extra --set
+// deployChart renders the packaged chart with the test values (and extra --set
 // arguments), applies it, and returns gpud's pod once it is Ready (its
 // readiness probe is /readyz). Everything is deleted after the test.
 func deployChart(t *testing.T, dev string, set ...string) string {
 	t.Helper()
-	args := []string{"-f", testValues(t, dev)}
+	// What is installed is what a release ships: the packaged chart.
+	archive, _, _ := chartArchive(t)
+	args := []string{"template", "gpud", archive, "--namespace", "gpud-system", "--no-hooks", "-f", testValues(t, dev)}
 	for _, s := range set {
 		args = append(args, "--set", s)
 	}
-	manifest := render(t, args...)
+	manifest := helm(t, args...)
 	apply(t, manifest)
 	t.Cleanup(func() {
 		cmd := exec.Command(env(t, "KUBECTL"), "delete", "-f", "-", "--wait=true", "--timeout=90s", "--ignore-not-found")
@@ -307,10 +316,7 @@ func deployChart(t *testing.T, dev string, set ...string) string {
 		}
 		// The namespace is gone, so is gpud's pod; its gate stays pinned
 		// (gpud.keepEnforcing) and would judge the next test's pods.
-		root, _ := filepath.Abs("../..")
-		if out, err := exec.Command(filepath.Join(root, "bin/gpud"), "run", "--uninstall").CombinedOutput(); err != nil {
-			t.Errorf("gpud run --uninstall: %v %s", err, out)
-		}
+		uninstallGate(t)
 	})
 
 	var gp string

@@ -121,7 +121,8 @@ func kubectlStdin(t *testing.T, stdin string, args ...string) (string, error) {
 	return strings.TrimSpace(string(out)), err
 }
 
-// `helm install` then `helm uninstall`: the pre-delete hook turns gpud's
+// `helm install` of the packaged chart (bin/release, as a release ships
+// it) then `helm uninstall`: the pre-delete hook turns gpud's
 // pod into a cleaner, which removes the gate gpud left pinned (and
 // attached at the cgroup root), its state file, socket and directories.
 func TestHelmUninstallLeavesNoGate(t *testing.T) {
@@ -141,11 +142,23 @@ func TestHelmUninstallLeavesNoGate(t *testing.T) {
 	// gpud's privileged pod as the chart's own Namespace is.
 	mustKubectl(t, "create", "namespace", "gpud-system")
 	mustKubectl(t, "label", "namespace", "gpud-system", "pod-security.kubernetes.io/enforce=privileged")
-	if out, err := helmCmd(t, "install", "gpud", chartDir(), "-n", "gpud-system", "-f", testValues(t, dev),
+	// From the release's packaged chart (scripts/release.sh), with its own
+	// image: the repository release.sh stamped, the tag its appVersion
+	// (make test tags the imported image so). Never pulled: the test
+	// cluster reaches no registry.
+	archive, version, appVersion := chartArchive(t)
+	if out, err := helmCmd(t, "install", "gpud", archive, "-n", "gpud-system", "-f", clusterValues(t, dev, "{pullPolicy: Never}"),
 		"--set", "createNamespace=false", "--wait", "--timeout=120s"); err != nil {
-		t.Fatalf("helm install: %v\n%s", err, out)
+		t.Fatalf("helm install %s: %v\n%s", archive, err, out)
 	}
 	installed = true
+	if out, _ := helmCmd(t, "list", "-n", "gpud-system", "-o", "json"); !strings.Contains(out, `"chart":"gpud-`+version+`"`) ||
+		!strings.Contains(out, `"app_version":"`+appVersion+`"`) {
+		t.Errorf("helm list: %s, want chart gpud-%s, app version %s", out, version, appVersion)
+	}
+	if img := mustKubectl(t, "-n", "gpud-system", "get", "daemonset", "gpud", "-o", "jsonpath={.spec.template.spec.containers[0].image}"); img != "gpud.local/gpud:"+appVersion {
+		t.Errorf("the packaged chart runs image %s, want gpud.local/gpud:%s (release.sh's repository, the appVersion)", img, appVersion)
+	}
 	// helm's --wait can return before the DaemonSet controller has counted
 	// the node (a DaemonSet that wants no pod yet reads as ready): wait
 	// for gpud's gate itself.
@@ -153,9 +166,12 @@ func TestHelmUninstallLeavesNoGate(t *testing.T) {
 	if !testutil.Poll(60*time.Second, func() bool { gates = testutil.DeviceGates(t); return len(gates) == len(before)+1 }) {
 		t.Fatalf("device gates at the cgroup root: %v before, %v with gpud", before, gates)
 	}
+	// The gate is attached before the first state file is written.
 	for _, f := range []string{"/sys/fs/bpf/gpud/gate", "/run/gpud/state.json"} {
-		if _, err := os.Lstat(f); err != nil {
-			t.Fatalf("gpud runs but %v", err)
+		var err error
+		if !testutil.Poll(30*time.Second, func() bool { _, err = os.Lstat(f); return err == nil }) {
+			logs, _ := kubectl(t, "-n", "gpud-system", "logs", "daemonset/gpud", "--tail=40")
+			t.Fatalf("gpud runs but %v; its log:\n%s", err, logs)
 		}
 	}
 

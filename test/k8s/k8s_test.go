@@ -54,30 +54,99 @@ func apply(t *testing.T, manifest string) {
 	}
 }
 
-// gpuPod is a pod with the fake GPU node mapped in as /dev/nvidia0.
-func gpuPod(t *testing.T, name, prio, gpu string) {
-	t.Helper()
-	labels := ""
-	if prio != "" {
-		labels = fmt.Sprintf("labels: {gpud.io/priority: %q}", prio)
+// testPod is a pod of the cluster tests: one busybox container "c" with a
+// 2 s grace; the fields add what a test needs.
+type testPod struct {
+	name      string
+	namespace string   // "": default
+	labels    []string // key, value pairs
+	onNode    bool     // nodeName: this node (else the scheduler places it)
+	restart   string   // restartPolicy ("": kubelet's default, Always)
+	command   string   // "": sleep until TERM
+	container string   // more lines of the container, indented four spaces
+	spec      string   // more lines of the pod's spec, indented two spaces
+}
+
+const sleepUntilTerm = "trap 'exit 0' TERM; sleep 3600 & wait"
+
+// claimedGPU is a container's use of the pod's resource claim "gpu".
+const claimedGPU = "    resources: {claims: [{name: gpu}]}\n"
+
+func (p testPod) ns() string {
+	if p.namespace == "" {
+		return "default"
 	}
-	apply(t, fmt.Sprintf(`apiVersion: v1
+	return p.namespace
+}
+
+func (p testPod) manifest(t *testing.T) string {
+	t.Helper()
+	var labels []string
+	for i := 0; i+1 < len(p.labels); i += 2 {
+		labels = append(labels, fmt.Sprintf("%q: %q", p.labels[i], p.labels[i+1]))
+	}
+	meta := ""
+	if len(labels) > 0 {
+		meta = ", labels: {" + strings.Join(labels, ", ") + "}"
+	}
+	var spec strings.Builder
+	if p.onNode {
+		fmt.Fprintf(&spec, "  nodeName: %s\n", env(t, "NODE_NAME"))
+	}
+	spec.WriteString("  terminationGracePeriodSeconds: 2\n")
+	if p.restart != "" {
+		fmt.Fprintf(&spec, "  restartPolicy: %s\n", p.restart)
+	}
+	command := p.command
+	if command == "" {
+		command = sleepUntilTerm
+	}
+	return fmt.Sprintf(`apiVersion: v1
 kind: Pod
-metadata: {name: %s, namespace: default, %s}
+metadata: {name: %s, namespace: %s%s}
 spec:
-  nodeName: %s
-  terminationGracePeriodSeconds: 2
-  containers:
+%s  containers:
   - name: c
     image: gpud.local/busybox:1
     imagePullPolicy: Never
-    securityContext: {privileged: true}
-    command: ["sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"]
-    volumeMounts: [{name: gpu, mountPath: /dev/nvidia0}]
-  volumes: [{name: gpu, hostPath: {path: %s, type: CharDevice}}]
-`, name, labels, env(t, "NODE_NAME"), gpu))
-	mustKubectl(t, "wait", "--for=condition=Ready", "pod/"+name, "--timeout=60s")
-	t.Cleanup(func() { kubectl(t, "delete", "pod", name, "--grace-period=0", "--force", "--ignore-not-found") })
+    command: ["sh", "-c", %q]
+%s%s`, p.name, p.ns(), meta, spec.String(), command, p.container, p.spec)
+}
+
+// run applies the pod and deletes it when the test ends.
+func (p testPod) run(t *testing.T) {
+	t.Helper()
+	apply(t, p.manifest(t))
+	t.Cleanup(func() {
+		kubectl(t, "-n", p.ns(), "delete", "pod", p.name, "--grace-period=0", "--force", "--ignore-not-found")
+	})
+}
+
+// waitReady waits (60 s at most) until the pod is Ready.
+func (p testPod) waitReady(t *testing.T) {
+	t.Helper()
+	mustKubectl(t, "-n", p.ns(), "wait", "--for=condition=Ready", "pod/"+p.name, "--timeout=60s")
+}
+
+// withGPU maps the fake GPU node gpu in as /dev/nvidia0 (a privileged
+// container: every device node is allowed to it, so only gpud's gate
+// stands between it and the GPU).
+func (p testPod) withGPU(gpu string) testPod {
+	p.container += "    securityContext: {privileged: true}\n    volumeMounts: [{name: gpu, mountPath: /dev/nvidia0}]\n"
+	p.spec += fmt.Sprintf("  volumes: [{name: gpu, hostPath: {path: %s, type: CharDevice}}]\n", gpu)
+	return p
+}
+
+// gpuPod is a pod with the fake GPU node mapped in as /dev/nvidia0, Ready
+// on return.
+func gpuPod(t *testing.T, name, prio, gpu string) {
+	t.Helper()
+	p := testPod{name: name, onNode: true}.withGPU(gpu)
+	if prio != "" {
+		p.labels = []string{"gpud.io/priority", prio}
+	}
+	p.run(t)
+	p.waitReady(t)
 }
 
 // hold makes a process in the pod open the GPU and keep it; returns its host PID.
@@ -225,13 +294,13 @@ patches:
 }
 
 // uninstallGate removes the gate a stopped DaemonSet gpud left pinned
-// (--keep-enforcing is on by default), as `gpud run --uninstall` does for
-// an admin removing gpud from a node.
+// (--keep-enforcing is on by default), and its files, as `gpud uninstall`
+// does for an admin removing gpud from a node.
 func uninstallGate(t *testing.T) {
 	t.Helper()
 	root, _ := filepath.Abs("../..")
-	if out, err := exec.Command(filepath.Join(root, "bin/gpud"), "run", "--uninstall").CombinedOutput(); err != nil {
-		t.Errorf("gpud run --uninstall: %v %s", err, out)
+	if out, err := exec.Command(filepath.Join(root, "bin/gpud"), "uninstall").CombinedOutput(); err != nil {
+		t.Errorf("gpud uninstall: %v %s", err, out)
 	}
 }
 

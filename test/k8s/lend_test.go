@@ -27,26 +27,12 @@ import (
 // (key: value pairs) if any.
 func resourcePod(t *testing.T, name, resource string, labels ...string) {
 	t.Helper()
-	var kv []string
-	for i := 0; i+1 < len(labels); i += 2 {
-		kv = append(kv, fmt.Sprintf("%q: %q", labels[i], labels[i+1]))
-	}
-	meta := strings.Join(kv, ", ")
-	apply(t, fmt.Sprintf(`apiVersion: v1
-kind: Pod
-metadata: {name: %s, namespace: default, labels: {%s}}
-spec:
-  nodeName: %s
-  terminationGracePeriodSeconds: 2
-  restartPolicy: Never
-  containers:
-  - name: c
-    image: gpud.local/busybox:1
-    imagePullPolicy: Never
-    command: ["sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"]
-    resources: {limits: {%q: 1}}
-`, name, meta, env(t, "NODE_NAME"), resource))
-	t.Cleanup(func() { kubectl(t, "delete", "pod", name, "--grace-period=0", "--force", "--ignore-not-found") })
+	testPod{name: name, labels: labels, onNode: true, restart: "Never", container: limitOne(resource)}.run(t)
+}
+
+// limitOne is a container's limit of one device of resource.
+func limitOne(resource string) string {
+	return fmt.Sprintf("    resources: {limits: {%q: 1}}\n", resource)
 }
 
 func allocatable(t *testing.T, resource string) string {

@@ -3,7 +3,6 @@
 package k8s
 
 import (
-	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -14,7 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/gpud/gpud/internal/preempt"
+	"github.com/gpud/gpud/internal/preempt/journal"
 	"github.com/gpud/gpud/internal/testutil"
 )
 
@@ -79,33 +78,15 @@ func gpudPID(t *testing.T, state string) int {
 // ns, with the fake GPU mapped in when gpu is not "", Ready on return.
 func taskPod(t *testing.T, name, ns, prio, task, gpu string) {
 	t.Helper()
-	labels := fmt.Sprintf("{gpud.io/task-id: %q}", task)
+	p := testPod{name: name, namespace: ns, labels: []string{"gpud.io/task-id", task}, onNode: true}
 	if prio != "" {
-		labels = fmt.Sprintf("{gpud.io/task-id: %q, gpud.io/priority: %q}", task, prio)
+		p.labels = append(p.labels, "gpud.io/priority", prio)
 	}
-	dev := ""
 	if gpu != "" {
-		dev = fmt.Sprintf(`    securityContext: {privileged: true}
-    volumeMounts: [{name: gpu, mountPath: /dev/nvidia0}]
-  volumes: [{name: gpu, hostPath: {path: %s, type: CharDevice}}]
-`, gpu)
+		p = p.withGPU(gpu)
 	}
-	apply(t, fmt.Sprintf(`apiVersion: v1
-kind: Pod
-metadata: {name: %s, namespace: %s, labels: %s}
-spec:
-  nodeName: %s
-  terminationGracePeriodSeconds: 2
-  containers:
-  - name: c
-    image: gpud.local/busybox:1
-    imagePullPolicy: Never
-    command: ["sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"]
-%s`, name, ns, labels, env(t, "NODE_NAME"), dev))
-	t.Cleanup(func() {
-		kubectl(t, "-n", ns, "delete", "pod", name, "--grace-period=0", "--force", "--ignore-not-found")
-	})
-	mustKubectl(t, "-n", ns, "wait", "--for=condition=Ready", "pod/"+name, "--timeout=60s")
+	p.run(t)
+	p.waitReady(t)
 }
 
 // A preempted task's checkpoint directory reaches only its own pods,
@@ -135,7 +116,7 @@ func TestCheckpointMountOnlyForTheTaskThroughNRI(t *testing.T) {
 	gpuPod(t, "ckhigh", "high", gpu)
 	hold(t, holders, "ckhigh")
 	testutil.Eventually(t, 10*time.Second, "the low pod's process is dead", func() bool { return !testutil.Alive(victimPID) })
-	notice := filepath.Join(ckpt, "default", "train-42", preempt.CheckpointFile) // keyed by namespace
+	notice := filepath.Join(ckpt, "default", "train-42", journal.CheckpointFile) // keyed by namespace
 	testutil.Eventually(t, 10*time.Second, "the checkpoint notice is written", func() bool { _, err := os.Stat(notice); return err == nil })
 
 	inside := func(ns, pod string) string {
@@ -170,7 +151,7 @@ func TestCheckpointMountOnlyForTheTaskThroughNRI(t *testing.T) {
 	for _, e := range ents {
 		names = append(names, e.Name())
 	}
-	if len(names) != 2 || !slices.Contains(names, preempt.CheckpointFile) || !slices.Contains(names, "w-ckresumer") {
+	if len(names) != 2 || !slices.Contains(names, journal.CheckpointFile) || !slices.Contains(names, "w-ckresumer") {
 		t.Errorf("the task's directory holds %v, want the notice and the resuming pod's file", names)
 	}
 }

@@ -24,6 +24,44 @@ import (
 	"github.com/gpud/gpud/internal/preempt"
 )
 
+// lendingGpud runs gpud in this test process as the node's lender of the
+// fake GPUs in dev, until the test ends: enforcing (unlabelled pods
+// unmanaged), evicting borrowers, its device plugin registered with the
+// real kubelet, NVML answered by lib; tweak sets what a test adds (nil:
+// nothing). It returns gpud and its state file; gpud's log is printed when
+// the test fails.
+func lendingGpud(t *testing.T, dev string, lib nvml.Interface, tweak func(*config.Run)) (*daemon.Daemon, string) {
+	t.Helper()
+	state := t.TempDir()
+	run := config.Run{
+		DevDir: dev, StateFile: filepath.Join(state, "state.json"), StateDir: state,
+		IdleAfter: 2 * time.Second, NodeName: env(t, "NODE_NAME"), KubeConfig: env(t, "KUBECONFIG"),
+		Enforce: true, FailOpenAfter: 30 * time.Second, DefaultPriority: occupancy.Unmanaged,
+		Reclaim: preempt.ReclaimEvict, ReservationTTL: 30 * time.Second, DockerHost: "none", CRIEndpoint: "none",
+		DevicePlugin: true, KubeletDir: env(t, "DEVICE_PLUGINS_DIR"),
+		PodResourcesSocket: filepath.Join(env(t, "KUBELET_ROOT"), "pod-resources", "kubelet.sock"),
+	}
+	if tweak != nil {
+		tweak(&run)
+	}
+	logs := &testutil.Buffer{}
+	d, err := daemon.New(daemon.Config{Run: run, NVML: &nvidia.NVML{Lib: lib}},
+		slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	wg.Go(func() { d.Run(ctx) })
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("gpud's log:\n%s", logs.String())
+		}
+	})
+	return d, run.StateFile
+}
+
 // ownerActivityMock is go-nvml's mock of a DGX A100 whose device 0 answers
 // for the fake GPU (minor 229) and reports a compute sample of the PID
 // stored in the returned value (none while it is 0); the other devices name
@@ -63,32 +101,8 @@ func ownerActivityMock() (*dgxa100.Server, *atomic.Int64) {
 func TestOwnerActiveOnNVMLTakesLentGPUBack(t *testing.T) {
 	dev, gpu := fakeGPU(t)
 	startStandin(t, gpu)
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	t.Cleanup(func() { cancel(); wg.Wait() })
-
 	lib, ownerActive := ownerActivityMock()
-
-	state := t.TempDir()
-	logs := &testutil.Buffer{}
-	d, err := daemon.New(daemon.Config{Run: config.Run{
-		DevDir: dev, StateFile: filepath.Join(state, "state.json"), StateDir: state,
-		IdleAfter: 2 * time.Second, NodeName: env(t, "NODE_NAME"), KubeConfig: env(t, "KUBECONFIG"),
-		Enforce: true, FailOpenAfter: 30 * time.Second, DefaultPriority: occupancy.Unmanaged,
-		Reclaim: preempt.ReclaimEvict, ReservationTTL: 30 * time.Second, DockerHost: "none", CRIEndpoint: "none",
-		DevicePlugin: true, KubeletDir: env(t, "DEVICE_PLUGINS_DIR"),
-		PodResourcesSocket: filepath.Join(env(t, "KUBELET_ROOT"), "pod-resources", "kubelet.sock"),
-	}, NVML: &nvidia.NVML{Lib: lib}}, slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
-	if err != nil {
-		t.Fatal(err)
-	}
-	wg.Go(func() { d.Run(ctx) })
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("gpud's log:\n%s", logs.String())
-		}
-	})
-	statePath := filepath.Join(state, "state.json")
+	d, statePath := lendingGpud(t, dev, lib, nil)
 	holders := fileHolders(statePath)
 	testutil.Eventually(t, 30*time.Second, "gpud registered and kubelet lists both resources", func() bool {
 		return d.Plugin().IsRegistered() && allocatable(t, "nvidia.com/gpu") == "1"

@@ -18,31 +18,16 @@ import (
 // none); with one, its container holds its claim's GPU open.
 func claimPod(t *testing.T, name, claim, dev string) {
 	t.Helper()
-	command := "trap 'exit 0' TERM; sleep 3600 & wait"
-	claims, res := "", ""
-	if claim != "" {
-		command = "exec 3<>$(ls /dev/nvidia[0-9]*); " + command
-		claims = fmt.Sprintf("\n  resourceClaims:\n  - name: gpu\n    resourceClaimName: %s", claim)
-		res = "\n    resources: {claims: [{name: gpu}]}"
+	p := testPod{name: name, labels: []string{"gpud.io/priority", "low"}, restart: "Never",
+		container: "    securityContext: {privileged: true}\n    volumeMounts: [{name: gpus, mountPath: /gpus}]\n",
+		spec:      fmt.Sprintf("  volumes:\n  - name: gpus\n    hostPath: {path: %s}\n", dev),
 	}
-	apply(t, fmt.Sprintf(`apiVersion: v1
-kind: Pod
-metadata: {name: %[1]s, namespace: default, labels: {"gpud.io/priority": "low"}}
-spec:
-  terminationGracePeriodSeconds: 2
-  restartPolicy: Never
-  containers:
-  - name: c
-    image: gpud.local/busybox:1
-    imagePullPolicy: Never
-    command: ["sh", "-c", %[2]q]
-    securityContext: {privileged: true}
-    volumeMounts: [{name: gpus, mountPath: /gpus}]%[3]s
-  volumes:
-  - name: gpus
-    hostPath: {path: %[4]s}%[5]s
-`, name, command, res, dev, claims))
-	t.Cleanup(func() { kubectl(t, "delete", "pod", name, "--grace-period=0", "--force", "--ignore-not-found") })
+	if claim != "" {
+		p.command = "exec 3<>$(ls /dev/nvidia[0-9]*); " + sleepUntilTerm
+		p.container += claimedGPU
+		p.spec += fmt.Sprintf("  resourceClaims:\n  - name: gpu\n    resourceClaimName: %s\n", claim)
+	}
+	p.run(t)
 	if out, err := kubectl(t, "wait", "--for=condition=Ready", "pod/"+name, "--timeout=90s"); err != nil {
 		desc, _ := kubectl(t, "describe", "pod", name)
 		t.Fatalf("pod %s never Ready: %v %s\n%s", name, err, out, desc)

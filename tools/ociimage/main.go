@@ -6,6 +6,7 @@
 //	    --platform linux/amd64=DIR [--platform linux/arm64=DIR] \
 //	    [--entrypoint /gpud] [--cmd run] [--label k=v]... [--docker-archive FILE]
 //	ociimage push ARCHIVE REF
+//	ociimage push-chart CHART.tgz REPOSITORY
 //	ociimage inspect ARCHIVE
 //
 // ARCHIVE is an OCI image layout in a tar: its index.json names one
@@ -17,6 +18,9 @@
 // `docker load` tarball, for Docker engines that cannot load OCI layouts.
 // push sends the index and every platform's image to a registry, with
 // the credentials `docker login` (or a Docker config.json) left.
+// push-chart sends a packaged Helm chart (`helm package`'s .tgz) as Helm's
+// OCI artifact to REPOSITORY/NAME:VERSION, with the same credentials:
+// `helm install gpud oci://REPOSITORY/gpud --version VERSION` installs it.
 //
 // The image assembly and the registry protocol are
 // github.com/google/go-containerregistry's.
@@ -64,7 +68,7 @@ func main() {
 
 func run(ctx context.Context, args []string, out io.Writer) error {
 	if len(args) == 0 {
-		return errors.New("usage: ociimage build|push|inspect ARGS")
+		return errors.New("usage: ociimage build|push|push-chart|inspect ARGS")
 	}
 	switch args[0] {
 	case "build":
@@ -88,13 +92,23 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		}
 		fmt.Fprintf(out, "%s@%s\n", args[2], digest)
 		return nil
+	case "push-chart":
+		if len(args) != 3 {
+			return errors.New("usage: ociimage push-chart CHART.tgz REPOSITORY")
+		}
+		ref, digest, err := pushChart(ctx, args[1], args[2], remote.WithAuthFromKeychain(authn.DefaultKeychain))
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "%s@%s\n", ref, digest)
+		return nil
 	case "inspect":
 		if len(args) != 2 {
 			return errors.New("usage: ociimage inspect ARCHIVE")
 		}
 		return inspect(args[1], out)
 	}
-	return fmt.Errorf("unknown command %q (build, push, inspect)", args[0])
+	return fmt.Errorf("unknown command %q (build, push, push-chart, inspect)", args[0])
 }
 
 // buildSpec is what `ociimage build` was asked for.

@@ -146,7 +146,12 @@ type Lender struct {
 
 // Synced is closed once the lender has read PodResources: from then on it
 // knows the loans.
-func (l *Lender) Synced() <-chan struct{} { return l.synced }
+func (l *Lender) Synced() <-chan struct{} {
+	if l == nil {
+		return nil // no lending: no loans to wait for
+	}
+	return l.synced
+}
 
 type podRef struct {
 	Namespace, Name, UID string
@@ -243,8 +248,11 @@ func (l *Lender) Devices() []deviceplugin.Device {
 }
 
 // LedgerChanged is the ledger's change hook: it never blocks, and the
-// work is done (coalesced) by run.
+// work is done (coalesced) by run. A nil Lender (no lending) ignores it.
 func (l *Lender) LedgerChanged() {
+	if l == nil {
+		return
+	}
 	select {
 	case l.kick <- struct{}{}:
 	default:
@@ -304,8 +312,7 @@ func (l *Lender) Allocate(ids []string) (*pluginapi.ContainerAllocateResponse, e
 		if !l.lendable(g) {
 			return nil, fmt.Errorf("%w: GPU %d is no longer lendable (%s since the last list)", deviceplugin.ErrRefused, idx, g.State)
 		}
-		r.Devices = append(r.Devices, &pluginapi.DeviceSpec{
-			HostPath: l.hostPath(g.Device), ContainerPath: "/dev/nvidia" + strconv.Itoa(idx), Permissions: "rw"})
+		r.Devices = l.deviceSpecs(r.Devices, g.GPU) // a MIG slice: its parent's node and its capability node
 		visible = append(visible, visibleName(g.GPU))
 		// A CDI-enabled runtime (the GPU Operator's default since 25.10)
 		// injects the driver's libraries for the device NVIDIA's spec
@@ -770,8 +777,12 @@ func (l *Lender) IsLent(gpu int) bool {
 }
 
 // Decorate shows loans in the state file: state lent, owner, borrower;
-// and whether each GPU may be lent, or why not.
+// and whether each GPU may be lent, or why not. A nil Lender (no lending)
+// shows nothing.
 func (l *Lender) Decorate(f *v1.StateFile) {
+	if l == nil {
+		return
+	}
 	why := map[int]string{}
 	for _, g := range l.ledger.Snapshot(time.Now()).GPUs {
 		why[g.Index] = l.notLendable(g)

@@ -9,17 +9,28 @@
 // at every call (what the test wrote last is what NVML says). One record a
 // line, fields key=value:
 //
-//	driver version=570.86.15
+//	driver version=570.86.15 [mismatch=1]
 //	gpu index=0 minor=1 uuid=GPU-... name=NVIDIA_H100 memory_total=17179869184 [memory_used=N] [mig=1] [lost=1]
-//	process gpu=0 pid=123 memory=1073741824
+//	process gpu=0 pid=123 memory=1073741824|na
 //	sample gpu=0 pid=123 ts=<µs since the epoch> sm=50 mem=10
 //	event gpu=0 seq=1 type=xid|dbe|sbe data=79
+//	eventerr id=1 code=timeout|unknown|gpu_is_lost [gpu=N] [count=N]
+//	slow fn=nvmlDeviceGetProcessUtilization ms=2000 [gpu=N]
+//	mig gpu=0 gi=1 ci=0 uuid=MIG-... profile=1g.10gb memory_total=N [memory_used=N]
 //
-// Where the real library is awkward the double is too: utilization samples
-// are those newer than the caller's timestamp, NVML_ERROR_NOT_FOUND when
-// there are none; a size query answers NVML_ERROR_INSUFFICIENT_SIZE; the
-// process list is the _v3 layout; a lost GPU answers NVML_ERROR_GPU_IS_LOST;
-// NVML indexes need not follow minor numbers.
+// Where the real library is awkward the double is too (docs/real-gpu.md
+// lists each behaviour with the nvml.h text it follows): utilization
+// samples are those newer than the caller's timestamp, NVML_ERROR_NOT_FOUND
+// when there are none; a size query answers NVML_ERROR_INSUFFICIENT_SIZE;
+// the process list is the _v3 layout; a lost GPU answers
+// NVML_ERROR_GPU_IS_LOST, from its handle on if it is lost before Init;
+// NVML indexes need not follow minor numbers; a driver/library mismatch
+// fails nvmlInit_v2; per-process utilization of a MIG-enabled GPU is
+// NVML_ERROR_NOT_SUPPORTED; a process's memory may be
+// NVML_VALUE_NOT_AVAILABLE; event waits fail (eventerr: the next count
+// waits, once per id); any call may be slow (slow: it sleeps ms first,
+// outside the double's lock, so other calls go on as in the thread-safe
+// library).
 #define _GNU_SOURCE
 #include <limits.h>
 #include <pthread.h>
@@ -39,8 +50,17 @@ enum {
 	NVML_ERROR_DRIVER_NOT_LOADED = 9,
 	NVML_ERROR_TIMEOUT = 10,
 	NVML_ERROR_GPU_IS_LOST = 15,
+	// nvml.h: "NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18, //!< RM detects a
+	// driver/library version mismatch" (a driver upgraded under a
+	// running node: the kernel module and the library disagree).
+	NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18,
 	NVML_ERROR_UNKNOWN = 999,
 };
+
+// nvml.h: "#define NVML_VALUE_NOT_AVAILABLE (-1)", in an unsigned long long
+// field; usedGpuMemory: "Set to NVML_VALUE_NOT_AVAILABLE if
+// nvmlProcessInfo_t->usedGpuMemory is not supported".
+#define NVML_VALUE_NOT_AVAILABLE ((unsigned long long)-1)
 
 #define MAX_GPUS 16
 #define MAX_RECS 256
@@ -103,15 +123,53 @@ struct event {
 	int gpu;
 	unsigned long long seq, type, data;
 };
+struct eventerr {
+	unsigned long long id;
+	int gpu, code, count;
+};
+struct slow {
+	char fn[64];
+	int gpu; // -1: every GPU
+	long ms;
+};
+
+// ---- MIG (issue 28 item 3) ----------------------------------------------
+// A "mig" record is one MIG device (a compute instance of a GPU instance)
+// of the MIG-enabled GPU of NVML index gpu. Its handle is mig_handles[k]
+// for the k-th mig record; the parent answers nvmlDeviceGetMaxMigDeviceCount
+// and nvmlDeviceGetMigDeviceHandleByIndex, the MIG handle its ids, UUID,
+// name ("<parent name> MIG <profile>", as NVML names MIG devices) and
+// memory.
+#define MAX_MIGS 32
+
+struct mig {
+	int gpu, gi, ci;
+	char uuid[96], profile[32];
+	unsigned long long mem_total, mem_used;
+};
+
+#define MAX_ERRS 32
 
 struct script {
 	char driver[80];
-	int ngpus, nprocs, nsamples, nevents;
+	int mismatch;
+	int ngpus, nprocs, nsamples, nevents, nerrs, nslow;
 	struct gpu gpus[MAX_GPUS];
 	struct proc procs[MAX_RECS];
 	struct sample samples[MAX_RECS];
 	struct event events[MAX_RECS];
+	struct eventerr errs[MAX_ERRS];
+	struct slow slows[MAX_ERRS];
+	int nmigs;
+	struct mig migs[MAX_MIGS];
 };
+
+// consumed counts, per eventerr id, the waits it has failed: the script is
+// re-read at every call, its records are not.
+static struct {
+	unsigned long long id;
+	int valid, used;
+} consumed[MAX_ERRS];
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static int initialized;
@@ -188,6 +246,7 @@ static nvmlReturn_t load(struct script *s) {
 			*nl = 0;
 		if (!strncmp(line, "driver ", 7)) {
 			str(line, "version", s->driver, sizeof(s->driver));
+			s->mismatch = (int)num(line, "mismatch", 0);
 		} else if (!strncmp(line, "gpu ", 4) && s->ngpus < MAX_GPUS) {
 			struct gpu *g = &s->gpus[s->ngpus++];
 			g->index = (int)num(line, "index", (unsigned long long)(s->ngpus - 1));
@@ -205,7 +264,8 @@ static nvmlReturn_t load(struct script *s) {
 			struct proc *p = &s->procs[s->nprocs++];
 			p->gpu = (int)num(line, "gpu", 0);
 			p->pid = (unsigned int)num(line, "pid", 0);
-			p->memory = num(line, "memory", 0);
+			const char *m = field(line, "memory");
+			p->memory = m && !strncmp(m, "na", 2) ? NVML_VALUE_NOT_AVAILABLE : num(line, "memory", 0);
 		} else if (!strncmp(line, "sample ", 7) && s->nsamples < MAX_RECS) {
 			struct sample *p = &s->samples[s->nsamples++];
 			p->gpu = (int)num(line, "gpu", 0);
@@ -221,10 +281,48 @@ static nvmlReturn_t load(struct script *s) {
 			e->data = num(line, "data", 0);
 			str(line, "type", type, sizeof(type));
 			e->type = !strcmp(type, "dbe") ? EV_DBE : !strcmp(type, "sbe") ? EV_SBE : EV_XID;
+		} else if (!strncmp(line, "eventerr ", 9) && s->nerrs < MAX_ERRS) {
+			struct eventerr *e = &s->errs[s->nerrs++];
+			char code[16] = "unknown";
+			e->id = num(line, "id", (unsigned long long)s->nerrs);
+			e->gpu = (int)num(line, "gpu", (unsigned long long)-1);
+			e->count = (int)num(line, "count", 1);
+			str(line, "code", code, sizeof(code));
+			e->code = !strcmp(code, "timeout") ? NVML_ERROR_TIMEOUT
+				: !strcmp(code, "gpu is lost") ? NVML_ERROR_GPU_IS_LOST : NVML_ERROR_UNKNOWN; // str() reads _ as a space
+		} else if (!strncmp(line, "mig ", 4) && s->nmigs < MAX_MIGS) {
+			struct mig *m = &s->migs[s->nmigs++];
+			m->gpu = (int)num(line, "gpu", 0);
+			m->gi = (int)num(line, "gi", 0);
+			m->ci = (int)num(line, "ci", 0);
+			m->mem_total = num(line, "memory_total", 10ULL << 30);
+			m->mem_used = num(line, "memory_used", 0);
+			snprintf(m->uuid, sizeof(m->uuid), "MIG-00000000-0000-0000-0000-%06d%06d", m->gpu, s->nmigs);
+			str(line, "uuid", m->uuid, sizeof(m->uuid));
+			strcpy(m->profile, "1g.10gb");
+			str(line, "profile", m->profile, sizeof(m->profile));
+		} else if (!strncmp(line, "slow ", 5) && s->nslow < MAX_ERRS) {
+			struct slow *w = &s->slows[s->nslow++];
+			str(line, "fn", w->fn, sizeof(w->fn));
+			w->gpu = (int)num(line, "gpu", (unsigned long long)-1);
+			w->ms = (long)num(line, "ms", 0);
 		}
 	}
 	fclose(f);
 	return NVML_SUCCESS;
+}
+
+// be_slow sleeps as the script says fn is slow (on gpu, -1 for a call of no
+// GPU); the caller holds no lock.
+static void be_slow(struct script *s, const char *fn, int gpu) {
+	for (int i = 0; i < s->nslow; i++) {
+		struct slow *w = &s->slows[i];
+		if (strcmp(w->fn, fn) || (w->gpu >= 0 && w->gpu != gpu) || w->ms <= 0)
+			continue;
+		struct timespec d = {w->ms / 1000, (w->ms % 1000) * 1000000L};
+		while (nanosleep(&d, &d) != 0)
+			;
+	}
 }
 
 // gpu_of finds the scripted GPU behind a handle (by its NVML index).
@@ -250,14 +348,138 @@ static void free_script(struct script **s) { free(*s); }
 	if (_r != NVML_SUCCESS)                                               \
 		return _r;
 
-// WITH_DEVICE loads the script and finds the device, or says why not.
+// FRESH_SLOW is FRESH for a call of no device, slow if the script says so.
+#define FRESH_SLOW(s) \
+	FRESH(s)      \
+	be_slow(s, __func__, -1);
+
+// WITH_DEVICE loads the script and finds the device, or says why not; the
+// call is slow if the script says so. nvml.h of every device call:
+// "NVML_ERROR_GPU_IS_LOST if the target GPU has fallen off the bus or is
+// otherwise inaccessible".
 #define WITH_DEVICE(s, g, d)                    \
 	FRESH(s)                                \
 	struct gpu *g = gpu_of(s, d);           \
 	if (!g)                                 \
 		return NVML_ERROR_INVALID_ARGUMENT; \
+	be_slow(s, __func__, g->index);         \
 	if (g->lost)                            \
 		return NVML_ERROR_GPU_IS_LOST;
+
+// ---- MIG (issue 28 item 3): MIG device handles ---------------------------
+static struct nvmlDevice_st mig_handles[MAX_MIGS];
+
+static int is_mig(nvmlDevice_t d) { return d >= mig_handles && d < mig_handles + MAX_MIGS; }
+
+// mig_of finds the scripted MIG device behind a MIG handle, and its parent.
+static struct mig *mig_of(struct script *s, nvmlDevice_t d, struct gpu **parent) {
+	if (!is_mig(d) || d->slot < 0 || d->slot >= s->nmigs)
+		return NULL;
+	struct mig *m = &s->migs[d->slot];
+	*parent = NULL;
+	for (int i = 0; i < s->ngpus; i++)
+		if (s->gpus[i].index == m->gpu)
+			*parent = &s->gpus[i];
+	return *parent ? m : NULL;
+}
+
+// WITH_MIG is WITH_DEVICE for a MIG handle: a MIG device of a lost GPU is
+// lost too.
+#define WITH_MIG(s, m, d)                            \
+	FRESH(s)                                     \
+	struct gpu *m##_parent;                      \
+	struct mig *m = mig_of(s, d, &m##_parent);   \
+	if (!m)                                      \
+		return NVML_ERROR_INVALID_ARGUMENT;  \
+	be_slow(s, __func__, m##_parent->index);     \
+	if (m##_parent->lost || !m##_parent->mig)    \
+		return m##_parent->lost ? NVML_ERROR_GPU_IS_LOST : NVML_ERROR_INVALID_ARGUMENT;
+
+// nvml.h: "Get the maximum number of MIG devices that can exist under a
+// given parent NVML device. Returns zero if MIG is not supported or
+// enabled." Seven, as on an A100 or H100.
+nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count) {
+	WITH_DEVICE(s, g, device)
+	if (!count)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	*count = g->mig ? 7 : 0;
+	return NVML_SUCCESS;
+}
+
+// nvml.h: "NVML_ERROR_NOT_FOUND if no valid MIG device was found at index".
+nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index, nvmlDevice_t *migDevice) {
+	WITH_DEVICE(s, g, device)
+	if (!migDevice || index >= 7)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	if (!g->mig)
+		return NVML_ERROR_NOT_SUPPORTED;
+	unsigned int n = 0;
+	for (int k = 0; k < s->nmigs; k++) {
+		if (s->migs[k].gpu != g->index || n++ != index)
+			continue;
+		mig_handles[k].slot = k;
+		*migDevice = &mig_handles[k];
+		return NVML_SUCCESS;
+	}
+	return NVML_ERROR_NOT_FOUND;
+}
+
+nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int *isMigDevice) {
+	if (!isMigDevice)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	*isMigDevice = (unsigned int)is_mig(device);
+	return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id) {
+	WITH_MIG(s, m, device)
+	if (!id)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	*id = (unsigned int)m->gi;
+	return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned int *id) {
+	WITH_MIG(s, m, device)
+	if (!id)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	*id = (unsigned int)m->ci;
+	return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t migDevice, nvmlDevice_t *device) {
+	WITH_MIG(s, m, migDevice)
+	if (!device)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	handles[m_parent->index].slot = m_parent->index;
+	*device = &handles[m_parent->index];
+	return NVML_SUCCESS;
+}
+
+static nvmlReturn_t mig_uuid(nvmlDevice_t device, char *uuid, unsigned int length) {
+	WITH_MIG(s, m, device)
+	if (!uuid || strlen(m->uuid) + 1 > length)
+		return NVML_ERROR_INSUFFICIENT_SIZE;
+	strcpy(uuid, m->uuid);
+	return NVML_SUCCESS;
+}
+
+static nvmlReturn_t mig_name(nvmlDevice_t device, char *name, unsigned int length) {
+	WITH_MIG(s, m, device)
+	if (!name || (unsigned int)snprintf(name, length, "%s MIG %s", m_parent->name, m->profile) >= length)
+		return NVML_ERROR_INSUFFICIENT_SIZE;
+	return NVML_SUCCESS;
+}
+
+static nvmlReturn_t mig_memory(nvmlDevice_t device, nvmlMemory_t *memory) {
+	WITH_MIG(s, m, device)
+	if (!memory)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	unsigned long long used = m->mem_used < m->mem_total ? m->mem_used : m->mem_total;
+	*memory = (nvmlMemory_t){.total = m->mem_total, .used = used, .free = m->mem_total - used};
+	return NVML_SUCCESS;
+}
+// ---- end of MIG handles -------------------------------------------------
 
 nvmlReturn_t nvmlInit_v2(void) {
 	struct script *s __attribute__((cleanup(free_script))) = malloc(sizeof(struct script));
@@ -265,9 +487,16 @@ nvmlReturn_t nvmlInit_v2(void) {
 		return NVML_ERROR_UNKNOWN;
 	pthread_mutex_lock(&mu);
 	nvmlReturn_t r = load(s);
+	// nvml.h: "NVML_ERROR_LIB_RM_VERSION_MISMATCH ... RM detects a
+	// driver/library version mismatch": Init fails, and keeps failing
+	// until the script (the driver) says otherwise.
+	if (r == NVML_SUCCESS && s->mismatch)
+		r = NVML_ERROR_LIB_RM_VERSION_MISMATCH;
 	if (r == NVML_SUCCESS)
 		initialized++;
 	pthread_mutex_unlock(&mu);
+	if (r != NVML_ERROR_UNKNOWN)
+		be_slow(s, __func__, -1);
 	return r;
 }
 
@@ -298,12 +527,13 @@ const char *nvmlErrorString(nvmlReturn_t r) {
 	case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
 	case NVML_ERROR_TIMEOUT: return "Timeout";
 	case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
+	case NVML_ERROR_LIB_RM_VERSION_MISMATCH: return "RM has detected an NVML/RM version mismatch.";
 	default: return "Unknown Error";
 	}
 }
 
 nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
-	FRESH(s)
+	FRESH_SLOW(s)
 	if (!version || strlen(s->driver) + 1 > length)
 		return NVML_ERROR_INSUFFICIENT_SIZE;
 	strcpy(version, s->driver);
@@ -311,17 +541,20 @@ nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
 }
 
 nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
-	FRESH(s)
+	FRESH_SLOW(s)
 	if (!count)
 		return NVML_ERROR_INVALID_ARGUMENT;
 	*count = (unsigned int)s->ngpus;
 	return NVML_SUCCESS;
 }
 
+// nvml.h: "NVML_ERROR_GPU_IS_LOST if the target GPU has fallen off the bus
+// or is otherwise inaccessible" (the handle of a GPU lost before Init).
 nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
 	FRESH(s)
 	if (!device || index >= MAX_GPUS)
 		return NVML_ERROR_INVALID_ARGUMENT;
+	be_slow(s, __func__, (int)index);
 	for (int i = 0; i < s->ngpus; i++) {
 		if (s->gpus[i].index == (int)index) {
 			handles[index].slot = (int)index;
@@ -345,6 +578,8 @@ nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minor) 
 }
 
 nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
+	if (is_mig(device))
+		return mig_uuid(device, uuid, length); // MIG (issue 28 item 3)
 	WITH_DEVICE(s, g, device)
 	if (!uuid || strlen(g->uuid) + 1 > length)
 		return NVML_ERROR_INSUFFICIENT_SIZE;
@@ -353,6 +588,8 @@ nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int len
 }
 
 nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length) {
+	if (is_mig(device))
+		return mig_name(device, name, length); // MIG (issue 28 item 3)
 	WITH_DEVICE(s, g, device)
 	if (!name || strlen(g->name) + 1 > length)
 		return NVML_ERROR_INSUFFICIENT_SIZE;
@@ -361,11 +598,13 @@ nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int len
 }
 
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
+	if (is_mig(device))
+		return mig_memory(device, memory); // MIG (issue 28 item 3)
 	WITH_DEVICE(s, g, device)
 	unsigned long long used = g->mem_used;
 	if (!g->mem_used_set) // the processes' memory, as on a GPU without reserved memory
 		for (int i = 0; i < s->nprocs; i++)
-			if (s->procs[i].gpu == g->index)
+			if (s->procs[i].gpu == g->index && s->procs[i].memory != NVML_VALUE_NOT_AVAILABLE)
 				used += s->procs[i].memory;
 	if (used > g->mem_total)
 		used = g->mem_total;
@@ -392,7 +631,7 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsign
 		if (s->procs[i].gpu != g->index)
 			continue;
 		infos[*count].pid = s->procs[i].pid;
-		infos[*count].usedGpuMemory = s->procs[i].memory;
+		infos[*count].usedGpuMemory = s->procs[i].memory; // NVML_VALUE_NOT_AVAILABLE for memory=na
 		infos[*count].gpuInstanceId = 0xFFFFFFFF;
 		infos[*count].computeInstanceId = 0xFFFFFFFF;
 		(*count)++;
@@ -405,6 +644,11 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUti
 	WITH_DEVICE(s, g, device)
 	if (!count)
 		return NVML_ERROR_INVALID_ARGUMENT;
+	// nvml.h: "On MIG-enabled GPUs, querying process utilization is not
+	// currently supported"; "NVML_ERROR_NOT_SUPPORTED if the device does
+	// not support this feature".
+	if (g->mig)
+		return NVML_ERROR_NOT_SUPPORTED;
 	unsigned int n = 0;
 	for (int i = 0; i < s->nsamples; i++)
 		if (s->samples[i].gpu == g->index && s->samples[i].ts > lastSeen)
@@ -475,6 +719,29 @@ nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long ty
 	return NVML_SUCCESS;
 }
 
+// wait_error is the script's eventerr that fails this wait, counted; the
+// caller holds mu.
+static struct eventerr *wait_error(struct script *s) {
+	for (int i = 0; i < s->nerrs; i++) {
+		struct eventerr *e = &s->errs[i];
+		int slot = -1;
+		for (int j = 0; j < MAX_ERRS && slot < 0; j++)
+			if (consumed[j].valid && consumed[j].id == e->id)
+				slot = j;
+		for (int j = 0; j < MAX_ERRS && slot < 0; j++)
+			if (!consumed[j].valid) {
+				consumed[j].valid = 1;
+				consumed[j].id = e->id;
+				slot = j;
+			}
+		if (slot < 0 || consumed[slot].used >= e->count)
+			continue;
+		consumed[slot].used++;
+		return e;
+	}
+	return NULL;
+}
+
 nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms) {
 	struct script *s __attribute__((cleanup(free_script))) = malloc(sizeof(struct script));
 	struct timespec start, now, pause = {0, 20 * 1000 * 1000};
@@ -483,12 +750,30 @@ nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsi
 	if (set < sets || set >= sets + MAX_SETS || !set->used || !data)
 		return NVML_ERROR_INVALID_ARGUMENT;
 	clock_gettime(CLOCK_MONOTONIC, &start);
-	for (;;) {
+	for (int first = 1;; first = 0) {
 		pthread_mutex_lock(&mu);
 		nvmlReturn_t r = initialized ? load(s) : NVML_ERROR_UNINITIALIZED;
 		if (r != NVML_SUCCESS) {
 			pthread_mutex_unlock(&mu);
 			return r;
+		}
+		if (first) {
+			// nvml.h: "NVML_ERROR_TIMEOUT if no event arrived in
+			// specified timeout or interrupt arrived", "NVML_ERROR_GPU_IS_LOST
+			// if a GPU has fallen off the bus or is otherwise
+			// inaccessible", "NVML_ERROR_UNKNOWN on any unexpected error".
+			struct eventerr *e = wait_error(s);
+			if (e) {
+				*data = (nvmlEventData_t){.gpuInstanceId = 0xFFFFFFFF, .computeInstanceId = 0xFFFFFFFF};
+				if (e->gpu >= 0 && e->gpu < MAX_GPUS) {
+					handles[e->gpu].slot = e->gpu;
+					data->device = &handles[e->gpu];
+				}
+				r = e->code;
+				pthread_mutex_unlock(&mu);
+				be_slow(s, __func__, -1);
+				return r;
+			}
 		}
 		struct event *best = NULL;
 		for (int i = 0; i < s->nevents; i++) {

@@ -8,9 +8,13 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 )
 
+// Client is a client of the API server: the packages that are handed one
+// (the daemon, which passes it on) need not import client-go.
+type Client = kubernetes.Interface
+
 // NewClient returns a client for the API server named by kubeconfig, or
 // the in-cluster one when gpud runs in a pod, or nil without either.
-func NewClient(kubeconfig string) (kubernetes.Interface, error) {
+func NewClient(kubeconfig string) (Client, error) {
 	var rc *rest.Config
 	var err error
 	switch {

@@ -40,9 +40,9 @@ func NewEvents(c kubernetes.Interface, reg *workload.Registry, node string, log 
 
 // Warn queues a Warning Event on the pod podUID; a pod gpud does not know
 // by name gets none, and when the queue is full it is dropped (the log and
-// the metrics keep what it said).
+// the metrics keep what it said). A nil Events (no API server) posts none.
 func (p *Events) Warn(podUID, reason, msg string) {
-	if podUID == "" {
+	if p == nil || podUID == "" {
 		return
 	}
 	select {
@@ -53,9 +53,9 @@ func (p *Events) Warn(podUID, reason, msg string) {
 }
 
 // Record queues a record's events; when the queue is full they are dropped
-// (the journal keeps the record).
+// (the journal keeps the record). A nil Events (no API server) posts none.
 func (p *Events) Record(r preempt.Record) {
-	if r.Victim.PodUID == "" && r.Preemptor.PodUID == "" {
+	if p == nil || r.Victim.PodUID == "" && r.Preemptor.PodUID == "" {
 		return
 	}
 	select {

@@ -40,8 +40,12 @@ type Pods struct {
 }
 
 // ContainerName names a pod's container by its runtime id (as found in a
-// holder's cgroup), from the pod's status; "" when unknown.
+// holder's cgroup), from the pod's status; "" when unknown (or without an
+// API server: a nil Pods).
 func (p *Pods) ContainerName(namespace, name, containerID string) string {
+	if p == nil {
+		return ""
+	}
 	p.mu.Lock()
 	store := p.store
 	p.mu.Unlock()

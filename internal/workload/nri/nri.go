@@ -24,9 +24,6 @@ import (
 	"github.com/gpud/gpud/internal/workload"
 )
 
-// DefaultSocket is where containerd and CRI-O listen for NRI plugins.
-const DefaultSocket = api.DefaultSocketPath
-
 // Errors of the socket check: gpud only talks to a socket root made.
 var (
 	ErrNotSocket = errors.New("nri: not a unix socket")
@@ -48,7 +45,7 @@ const (
 // Plugin is gpud's NRI plugin. The zero value is not usable: set Registry,
 // CgroupRoot and Log.
 type Plugin struct {
-	Socket     string // the runtime's NRI socket; "" means DefaultSocket
+	Socket     string // the runtime's NRI socket (--nri-socket; its default is config.Defaults')
 	Registry   *workload.Registry
 	CgroupRoot string // cgroup v2 mount, where kubelet makes pod cgroups
 	Log        *slog.Logger
@@ -72,7 +69,8 @@ type Plugin struct {
 func (p *Plugin) Run(ctx context.Context) {
 	sock := p.Socket
 	if sock == "" {
-		sock = DefaultSocket
+		p.Log.Error("nri: no socket given: pods are classified without NRI")
+		return
 	}
 	retry := p.Retry
 	if retry <= 0 {

@@ -20,6 +20,7 @@ import (
 	"github.com/gpud/gpud/internal/cgroups"
 	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/preempt"
+	"github.com/gpud/gpud/internal/preempt/journal"
 	"github.com/gpud/gpud/internal/testutil"
 	"github.com/gpud/gpud/internal/workload"
 )
@@ -365,11 +366,11 @@ func TestCreateContainerMountsTheNamespacesOwnCheckpoint(t *testing.T) {
 		{ID: "b1", Action: preempt.ActionKill, Victim: preempt.Party{PodUID: "gone-b", Namespace: "team-b", TaskID: "train-42"}},
 	}
 	for _, r := range recs {
-		if _, err := preempt.WriteNotice(ckRoot, preempt.Notice{Namespace: r.Victim.Namespace, TaskID: r.Victim.TaskID, RecordID: r.ID}); err != nil {
+		if _, err := journal.WriteNotice(ckRoot, journal.Notice{Namespace: r.Victim.Namespace, TaskID: r.Victim.TaskID, RecordID: r.ID}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	ck := &preempt.Checkpoints{Root: ckRoot, HostRoot: "/host/ckpt", Records: recs}
+	ck := &journal.Checkpoints{Root: ckRoot, HostRoot: "/host/ckpt", Records: recs}
 	reg := &workload.Registry{Default: occupancy.Unmanaged}
 	r := runtime(t, sock, nil)
 	p := &Plugin{Socket: sock, Registry: reg, CgroupRoot: root, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Retry: 20 * time.Millisecond,

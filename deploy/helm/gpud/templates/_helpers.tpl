@@ -39,7 +39,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 
 {{/* The metrics port: the digits after the last colon of gpud.metricsAddr; "" when metrics are off. */}}
 {{- define "gpud.metricsPort" -}}
-{{- with .Values.gpud.metricsAddr -}}
+{{- with include "gpud.effective" (list .Values.gpud.metricsAddr "metricsAddr" .) -}}
 {{- $port := regexFind "[0-9]+$" . -}}
 {{- if not $port -}}
 {{- fail (printf "gpud.metricsAddr %q: want host:port or :port" .) -}}
@@ -59,4 +59,56 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- else -}}
 {{- $p -}}
 {{- end -}}
+{{- end -}}
+
+{{/* Where the binary's own defaults put the paths and the port the pod must
+     mount or open: used only when the matching value is null (unset), so
+     that the chart passes no flag and still mounts what gpud uses. They
+     are config.Defaults()'s; cmd/gpud TestChartDefaultsAreTheBinarys fails
+     when they differ. */}}
+{{- define "gpud.binaryDefaults" -}}
+stateFile: /run/gpud/state.json
+stateDir: /var/lib/gpud
+controlSocket: /run/gpud/gpud.sock
+checkpointRoot: /var/lib/gpud/checkpoints
+bpfPinDir: /sys/fs/bpf/gpud
+metricsAddr: ":9407"
+kubeletDir: /var/lib/kubelet/device-plugins
+podResourcesSocket: /var/lib/kubelet/pod-resources/kubelet.sock
+cdiSpecDirs: [/etc/cdi, /var/run/cdi]
+draCDIDir: /var/run/cdi
+{{- end -}}
+
+{{/* A setting's value as gpud will use it: the value when set, else the binary's default. Call with (list VALUE KEY $) */}}
+{{- define "gpud.effective" -}}
+{{- $v := index . 0 -}}
+{{- if kindIs "invalid" $v -}}
+{{- $v = index (include "gpud.binaryDefaults" (index . 2) | fromYaml) (index . 1) -}}
+{{- end -}}
+{{- if kindIs "slice" $v -}}{{ join "," $v }}{{- else -}}{{ $v }}{{- end -}}
+{{- end -}}
+
+{{/* The `gpud run` arguments of the settings that are set (not null), as
+     YAML list items, one per line: a list is comma-joined, "" and [] are
+     passed (they mean "off" or "none"). Call with a dict flag → value. */}}
+{{- define "gpud.settingArgs" -}}
+{{- range $flag, $v := . }}
+{{- if not (kindIs "invalid" $v) }}
+{{- if kindIs "slice" $v }}{{ $v = join "," $v }}{{ end }}
+- {{ printf "--%s=%v" $flag $v | toJson }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* The image: image.tag, else the chart's appVersion (the release's
+     version, stamped by `make release`). Pulled IfNotPresent only for an
+     immutable release tag (vMAJOR.MINOR.PATCH), Always otherwise: a moved
+     tag (dev, latest) must not keep a node on an old gpud. */}}
+{{- define "gpud.image" -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
+{{- end -}}
+
+{{- define "gpud.imagePullPolicy" -}}
+{{- $tag := .Values.image.tag | default .Chart.AppVersion -}}
+{{- .Values.image.pullPolicy | default (ternary "IfNotPresent" "Always" (regexMatch "^v[0-9]+\\.[0-9]+\\.[0-9]+$" $tag)) -}}
 {{- end -}}

@@ -1,0 +1,20 @@
+package workload
+
+import (
+	"log/slog"
+
+	"github.com/gpud/gpud/internal/occupancy"
+)
+
+// NewRegistry is a registry whose unlabelled workloads are of class def,
+// with its system agents and the preempt modes namespaces may choose; an
+// error says which of them is invalid.
+func NewRegistry(def occupancy.Priority, agents Agents, modes PreemptModes, log *slog.Logger) (*Registry, error) {
+	if err := agents.Check(); err != nil {
+		return nil, err
+	}
+	if err := modes.Check(); err != nil {
+		return nil, err
+	}
+	return &Registry{Default: def, Agents: agents, Modes: modes, Log: log}, nil
+}
