@@ -131,22 +131,46 @@ if $DOUBLE; then
 	gcc -O2 -Wall -Werror -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$DRV/libcuda.so.1" \
 		"$ROOT/internal/nvidia/cudadouble/cudadouble.c" -ldl -lpthread
 	UUID0=GPU-6c1b0a2e-0000-4000-8000-00000000c0de
-	# NVML's minor numbers are the nodes' (1:7, 10:229). GPU 1 is in MIG
-	# mode: row 7 reports what gpud makes of it.
+	UUID1=GPU-6c1b0a2e-0000-4000-8000-00000000c1de
+	# GPU 1 is in MIG mode with two slices, GPU instances 1 (2g.8gb) and
+	# 2 (1g.4gb), laid out as the driver does: a capability node each in
+	# nvidia-caps/ (spare numbers: /dev/kmsg's, which the probe of row 7
+	# opens, and /dev/port's, which nothing opens) and the mig-minors table
+	# naming them under the parent's minor (gpu229).
+	MIGA=MIG-6c1b0a2e-0000-4000-8000-0000000a1de0
+	MIGB=MIG-6c1b0a2e-0000-4000-8000-0000000b1de0
+	mkdir -p "$DEV/nvidia-caps"
+	chmod 755 "$DEV/nvidia-caps"
+	mknod "$DEV/nvidia-caps/nvidia-cap12" c 1 11 # slice A
+	mknod "$DEV/nvidia-caps/nvidia-cap21" c 1 4  # slice B
+	cat >"$DRV/mig-minors" <<-EOF
+		config 1
+		monitor 2
+		gpu229/gi1/access 12
+		gpu229/gi1/ci0/access 13
+		gpu229/gi2/access 21
+		gpu229/gi2/ci0/access 22
+	EOF
+	# NVML's minor numbers are the nodes' (1:7, 10:229).
 	cat >"$DRV/nvml-double.txt" <<-EOF
 		driver version=570.86.15
 		gpu index=0 minor=7 uuid=$UUID0 name=NVIDIA_Test_GPU memory_total=17179869184
-		gpu index=1 minor=229 uuid=GPU-6c1b0a2e-0000-4000-8000-00000000c1de name=NVIDIA_Test_GPU memory_total=17179869184 mig=1
+		gpu index=1 minor=229 uuid=$UUID1 name=NVIDIA_Test_GPU memory_total=17179869184 mig=1
+		mig gpu=1 gi=1 ci=0 uuid=$MIGA profile=2g.8gb memory_total=8589934592
+		mig gpu=1 gi=2 ci=0 uuid=$MIGB profile=1g.4gb memory_total=4294967296
 	EOF
+	# Slice A is the CUDA device CUDA_VISIBLE_DEVICES=$MIGA gives: its
+	# context opens the parent's node and the slice's capability node.
 	cat >"$DRV/cuda-double.txt" <<-EOF
 		driver version=12080
 		device node=$DEV/nvidia0 uuid=$UUID0 nvml=0 name=NVIDIA_Test_GPU
+		device node=$DEV/nvidia1 cap=$DEV/nvidia-caps/nvidia-cap12 uuid=$MIGA nvml=1 name=NVIDIA_Test_GPU_MIG_2g.8gb
 		nvml script=$DRV/nvml-double.txt
 	EOF
 	chmod 666 "$DRV/cuda-double.txt"
 	export GPUCHECK_LIBCUDA=$DRV/libcuda.so.1
 	CUDA_LIB=$DRV/libcuda.so.1
-	GPUD_ARGS+=(--nvml-library "$DRV/libnvidia-ml.so.1")
+	GPUD_ARGS+=(--nvml-library "$DRV/libnvidia-ml.so.1" --mig-minors-file "$DRV/mig-minors")
 	# The double's kernel runs on the CPU: a small one.
 	PROBE_ARGS+=(--n 4096 --reps 64)
 	CONTAINER_ARGS+=(-v "$DRV:$DRV" -e "GPUCHECK_LIBCUDA=$DRV/libcuda.so.1")
@@ -424,22 +448,68 @@ else
 fi
 
 # ---- 7 MIG ----
+# A slice gpud lists (gpus[].mig) is held by the probe as CUDA programs reach
+# one, CUDA_VISIBLE_DEVICES=<MIG UUID> (libcuda opens the parent's node and
+# the slice's capability node); gpud must list the probe as the holder of
+# that slice, with its parent, profile and MIG UUID. The script never
+# changes a GPU's MIG mode or makes instances.
 LEFT=$(Q left-alone 2>/dev/null || true)
-if $DOUBLE; then
-	if [[ -n $LEFT ]]; then
-		row 7 mig PASS "(double: GPU 1 scripted in MIG mode) gpud leaves it alone: $LEFT"
-	else
-		row 7 mig FAIL "(double: GPU 1 scripted in MIG mode) gpud neither lists it left alone nor as slices"
+SLICE=$(Q slices 2>/dev/null | head -1 || true)
+field() { sed -n "s/.*\<$1=\([^ ]*\).*/\1/p" <<<"$2"; } # field KEY LINE: KEY's value
+bare() { local u=${1#GPU-}; echo "${u#MIG-}"; }                 # a UUID without GPU-/MIG-
+if [[ -n $SLICE ]]; then
+	SU=$(field uuid "$SLICE")
+	WANT_PARENT=$(field parent_uuid "$SLICE")
+	WANT_PROFILE=$(field profile "$SLICE")
+	WHO="gpud's slice"
+	if $DOUBLE; then
+		WHO="(double: GPU 1 scripted in MIG mode, 2 slices) the script's slice"
+		SU=$MIGA WANT_PARENT=$UUID1 WANT_PROFILE=2g.8gb # the CUDA double's MIG device
+	elif command -v nvidia-smi >/dev/null; then
+		# nvidia-smi -L: "GPU i: ... (UUID: GPU-...)", then its "  MIG <profile> Device j: (UUID: MIG-...)"
+		SMI=$(nvidia-smi -L 2>/dev/null | awk -v u="$SU" '/^GPU / { p = $NF; gsub(/[()]/, "", p) } index($0, u) && /MIG/ { print p, $2 }' || true)
+		if [[ -n $SMI ]]; then
+			WANT_PARENT=${SMI%% *} WANT_PROFILE=${SMI#* }
+			WHO="nvidia-smi -L's slice"
+		fi
 	fi
-elif ! command -v nvidia-smi >/dev/null; then
-	row 7 mig SKIP "(no nvidia-smi to ask for MIG mode)"
+	export CUDA_VISIBLE_DEVICES=$SU
+	if probe_host mig --device 0 busy:2 hold; then
+		P=$PROBE_PID
+		PU=$(sed -n 's/^ready .*uuid=\([^ ]*\).*/\1/p' "$T/mig.out")
+		until_ok 10 Q slice "$P" || true
+		S=$(Q slice "$P" 2>/dev/null || true)
+		kill -TERM "$P" 2>/dev/null || true
+		until_ok 10 grep -q '^done ok\|MISMATCH\|^error' "$T/mig.out" || true
+		DONE=$(grep -m1 'MISMATCH\|^error\|^done' "$T/mig.out" || echo 'not done')
+		FIG="pid $P with CUDA_VISIBLE_DEVICES=$SU (device uuid ${PU:-?}, ${DONE%% t=*}) holds: ${S:-no slice}; want $WHO: parent $WANT_PARENT, profile $WANT_PROFILE"
+		if [[ -n $S && $(bare "$(field uuid "$S")") == $(bare "$SU") &&
+			$(bare "$(field parent_uuid "$S")") == $(bare "$WANT_PARENT") &&
+			-n $WANT_PROFILE && $(field profile "$S") == "$WANT_PROFILE" && $DONE == "done ok"* ]] &&
+			{ ! $DOUBLE || [[ $(field device "$S") == "$DEV/nvidia-caps/nvidia-cap12" ]]; }; then
+			row 7 mig PASS "$FIG"
+		else
+			row 7 mig FAIL "$FIG"
+		fi
+	else
+		row 7 mig FAIL "the probe did not start on slice $SU: $(tail -1 "$T/mig.out")"
+	fi
+	unset CUDA_VISIBLE_DEVICES
+elif $DOUBLE; then
+	row 7 mig FAIL "(double: GPU 1 scripted in MIG mode, 2 slices) gpud lists no slice; left alone: ${LEFT:-none}"
+elif [[ $LEFT == *MIG_enabled* ]]; then
+	if [[ $LEFT == *no_MIG_instance* ]]; then
+		row 7 mig SKIP "(a GPU is in MIG mode with no instance: the check makes none; nvidia-smi mig -cgi <profile> -C, then run again. gpud: $LEFT)"
+	else
+		row 7 mig FAIL "a GPU is in MIG mode but gpud lists no slice of it: $LEFT"
+	fi
 else
-	MIGMODE=$(nvidia-smi --query-gpu=uuid,mig.mode.current --format=csv,noheader 2>/dev/null | awk -F', ' -v u="$UUID" '$1 == u { print $2 }')
-	case $MIGMODE in
-	Enabled) row 7 mig PASS "GPU $GPU in MIG mode; gpud: ${LEFT:-does not list it left alone}" ;;
-	Disabled) row 7 mig SKIP "(MIG supported but disabled on $UUID: the check does not switch it; nvidia-smi -i <gpu> -mig 1 with nothing on the GPU, then run again)" ;;
-	*) row 7 mig SKIP "(GPU $UUID: no MIG (mig.mode.current ${MIGMODE:-[N/A]}))" ;;
-	esac
+	MODES=$(nvidia-smi --query-gpu=uuid,mig.mode.current --format=csv,noheader 2>/dev/null | tr '\n' ' ' || true)
+	if [[ $MODES == *Enabled* ]]; then
+		row 7 mig FAIL "nvidia-smi says a GPU is in MIG mode ($MODES) but gpud neither lists its slices nor leaves it alone ($(Q nvml))"
+	else
+		row 7 mig SKIP "(no GPU in MIG mode${MODES:+: $MODES}; the check does not switch MIG mode: nvidia-smi -i <gpu> -mig 1 with nothing on the GPU, nvidia-smi mig -cgi <profile> -C, then run again)"
+	fi
 fi
 
 # ---- the table ----

@@ -160,8 +160,8 @@ func TestGPUHealthFromNVMLEvents(t *testing.T) {
 }
 
 // A GPU in MIG mode whose slices cannot be keyed (here: no mig-minors
-// table; mig_linux_test.go has the slices) is left alone: its slices share
-// the parent's device node, so the gate does not judge its opens (a low
+// table; mig_linux_test.go has the slices) is left alone whole: its slices
+// could not be mapped, so the gate does not judge its opens (a low
 // open next to a high holder is allowed there, and refused on the other
 // GPU), and it is shown.
 func TestMIGGPULeftAlone(t *testing.T) {
@@ -183,6 +183,9 @@ func TestMIGGPULeftAlone(t *testing.T) {
 	}
 	if got := low.tryOpen(0); !strings.Contains(got, "Operation not permitted") {
 		t.Errorf("low open of the managed GPU a high holds: %q, want EPERM", got)
+	}
+	if !strings.Contains(f.LeftAlone[0].Reason, "could not be mapped") || !strings.Contains(f.LeftAlone[0].Reason, "mig-minors") {
+		t.Errorf("left alone for %q; want the slices not mapped, and why (no mig-minors table)", f.LeftAlone[0].Reason)
 	}
 	if !strings.Contains(scrape(t, e), `gpud_gpus_left_alone{reason="MIG enabled`) {
 		t.Error("metrics lack gpud_gpus_left_alone")

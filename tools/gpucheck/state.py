@@ -46,6 +46,24 @@ def main():
                         g["index"], g.get("uuid", ""), h.get("memory_bytes", "none"), h.get("priority", "")))
                     return 0
         return 1
+    if cmd == "slice":  # slice PID: the MIG slice it holds, with its place (gpus[].mig)
+        pid = int(args[0])
+        for g in gpus:
+            m = g.get("mig")
+            if m and any(h.get("pid") == pid for h in g.get("holders") or []):
+                print("index=%d uuid=%s device=%s parent=%d parent_uuid=%s gi=%d ci=%d profile=%s" % (
+                    g["index"], g.get("uuid", ""), g.get("device", ""), m.get("parent", -1),
+                    m.get("parent_uuid", ""), m.get("gpu_instance", -1), m.get("compute_instance", -1),
+                    m.get("profile", "")))
+                return 0
+        return 1
+    if cmd == "slices":  # slices: one line per MIG slice gpud lists
+        out = ["uuid=%s parent=%d parent_uuid=%s profile=%s" % (
+            g.get("uuid", ""), g["mig"].get("parent", -1), g["mig"].get("parent_uuid", ""), g["mig"].get("profile", ""))
+            for g in gpus if g.get("mig")]
+        for line in out:
+            print(line)
+        return 0 if out else 1
     if cmd == "gpu":  # gpu UUID: its index, state, holders
         for g in gpus:
             if g.get("uuid") and bare(g["uuid"]) == bare(args[0]):

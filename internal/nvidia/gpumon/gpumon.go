@@ -40,8 +40,11 @@ const (
 // LostReason is a lost GPU's health reason.
 const LostReason = "fallen off the bus (NVML: GPU is lost)"
 
-// leftAloneMIG is why a GPU in MIG mode is left alone.
-const leftAloneMIG = "MIG enabled: its slices share the GPU's device node, so the gate and lending cannot tell their workloads apart"
+// leftAloneMIG is why a GPU in MIG mode whose slices could not be mapped
+// to their capability nodes is left alone whole; the error that stopped
+// the mapping follows it (mig.go). "MIG enabled" leads every MIG reason:
+// gpud_gpus_left_alone groups by it.
+const leftAloneMIG = "MIG enabled: its slices could not be mapped to their capability nodes, so the gate and lending cannot tell their workloads apart and the whole GPU is left alone"
 
 // Monitor reads NVML for gpud: it names the GPUs at start (Open), then
 // samples each GPU on its own (Run), so that a slow or failing call on one

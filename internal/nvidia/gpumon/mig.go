@@ -135,10 +135,10 @@ func (m *Monitor) migSlices(parent occupancy.GPU) []occupancy.GPU {
 	found, err := m.findSlices(parent)
 	if len(found) == 0 {
 		if err == nil {
-			err = errors.New("no MIG instance")
+			err = errors.New("NVML lists no MIG instance on it")
 		}
 		m.log().Warn("GPU left alone: MIG is enabled and its slices cannot be tracked", "gpu", parent.Index, "device", parent.Device, "uuid", parent.UUID, "error", err)
-		m.leftAlone = append(m.leftAlone, v1.StateLeftAlone{Device: parent.Device, UUID: parent.UUID, Reason: leftAloneMIG + " (" + err.Error() + ")"})
+		m.leftAlone = append(m.leftAlone, v1.StateLeftAlone{Device: parent.Device, UUID: parent.UUID, Reason: leftAloneMIG + ": " + err.Error()})
 		return nil
 	}
 	var names []string
@@ -157,9 +157,9 @@ func (m *Monitor) migSlices(parent occupancy.GPU) []occupancy.GPU {
 }
 
 // migParentReason is why a GPU in MIG mode whose slices are tracked is not
-// itself judged.
+// itself judged: it is their parent.
 func migParentReason(n int) string {
-	return fmt.Sprintf("MIG enabled: its %d slices are judged and lent each as a GPU (gpus[].mig.parent); the parent's node, which every slice's processes open, is not", n)
+	return fmt.Sprintf("MIG enabled: the parent of %d slices, each judged and lent as a GPU of its own (gpus[].mig.parent); its node, which every slice's processes open, is not judged", n)
 }
 
 // findSlices joins NVML's MIG devices of parent with the driver's

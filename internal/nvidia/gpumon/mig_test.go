@@ -72,8 +72,8 @@ func TestMIGSlicesFromNVMLAndTable(t *testing.T) {
 	if b.Index != MIGIndexBase+48 || b.MIG == nil || b.MIG.GI != 5 {
 		t.Errorf("slice B %+v", b)
 	}
-	if len(m.leftAlone) != 1 || !strings.Contains(m.leftAlone[0].Reason, "2 slices") || !strings.Contains(m.leftAlone[0].Reason, "gpu7/gi9/access") {
-		t.Errorf("left alone %+v: want the parent, its 2 slices, and gi9 said untracked", m.leftAlone)
+	if len(m.leftAlone) != 1 || !strings.Contains(m.leftAlone[0].Reason, "the parent of 2 slices") || !strings.Contains(m.leftAlone[0].Reason, "gpu7/gi9/access") {
+		t.Errorf("left alone %+v: want the parent of its 2 slices, and gi9 said untracked", m.leftAlone)
 	}
 	if all := m.AllGPUs(gpus); len(all) != 1 || all[0].Index != 0 {
 		t.Errorf("AllGPUs %+v: want the device nodes only (the parent)", all)
@@ -82,5 +82,8 @@ func TestMIGSlicesFromNVMLAndTable(t *testing.T) {
 	m2 := &Monitor{Lib: f, Log: slog.New(slog.DiscardHandler), MIGNodes: MIGNodes{MinorsFile: filepath.Join(dir, "none")}}
 	if gpus := m2.Open([]occupancy.GPU{{Index: 0, Device: "/dev/nvidia0", Minor: 7}}); len(gpus) != 0 || len(m2.leftAlone) != 1 {
 		t.Errorf("without the table: managed %+v, left alone %+v; want the GPU left alone whole", gpus, m2.leftAlone)
+	} else if r := m2.leftAlone[0].Reason; !strings.HasPrefix(r, "MIG enabled: its slices could not be mapped") ||
+		!strings.HasSuffix(r, ": MIG capability minors: open "+filepath.Join(dir, "none")+": no such file or directory") {
+		t.Errorf("without the table: reason %q; want the slices not mapped, and why", r)
 	}
 }
