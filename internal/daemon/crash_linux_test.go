@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -42,10 +43,40 @@ var buildGpud = sync.OnceValues(func() (string, error) {
 type gpudProc struct {
 	t       *testing.T
 	bin     string
+	base    []string // the settings newGpudProc gave; args is base plus a test's own
 	args    []string
 	metrics string
 	cmd     *exec.Cmd
 	log     *os.File
+}
+
+// newGpudProc prepares the real gpud binary on e's fake GPUs (g.start runs
+// it): the settings the restart tests share, then extra. It is stopped
+// when the test ends, and its log's last lines shown if the test failed.
+func newGpudProc(t *testing.T, e *env, extra ...string) *gpudProc {
+	t.Helper()
+	bin, err := buildGpud()
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &gpudProc{t: t, bin: bin, metrics: freeAddr(t)}
+	g.log, _ = os.Create(filepath.Join(e.dir, "gpud.log"))
+	g.base = slices.Clip(append([]string{"run", "--dev-dir", e.cfg.DevDir, "--state-file", e.cfg.StateFile, "--state-dir", e.dir,
+		"--control-socket", "", "--metrics-addr", g.metrics, "--bpf-pin-dir", pinDir(t), "--cri-endpoint", "none",
+		"--reclaim", "none", "--idle-after", "1m", "--resync-interval", "0", "--log-level", "debug"}, extra...))
+	g.args = g.base
+	t.Cleanup(func() {
+		if g.cmd != nil && g.cmd.ProcessState == nil {
+			g.cmd.Process.Signal(syscall.SIGTERM)
+			g.cmd.Wait()
+		}
+		if t.Failed() {
+			b, _ := os.ReadFile(g.log.Name())
+			lines := strings.Split(string(b), "\n")
+			t.Logf("gpud's log (last lines):\n%s", strings.Join(lines[max(0, len(lines)-60):], "\n"))
+		}
+	})
+	return g
 }
 
 func (g *gpudProc) start() {
@@ -147,30 +178,9 @@ func TestCrashCampaign(t *testing.T) {
 	if n, err := strconv.Atoi(os.Getenv("GPUD_CRASHES")); err == nil && n > 0 {
 		crashes = n
 	}
-	bin, err := buildGpud()
-	if err != nil {
-		t.Fatal(err)
-	}
 	e := newEnv(t)
 	dir := e.dir
-	g := &gpudProc{t: t, bin: bin, metrics: freeAddr(t)}
-	g.log, _ = os.Create(filepath.Join(dir, "gpud.log"))
-	pin := pinDir(t)
-	g.args = []string{"run", "--dev-dir", e.cfg.DevDir, "--state-file", e.cfg.StateFile, "--state-dir", dir,
-		"--control-socket", "", "--metrics-addr", g.metrics, "--bpf-pin-dir", pin, "--cri-endpoint", "none",
-		"--reclaim", "none", "--idle-after", "1m", "--resync-interval", "0", "--log-level", "debug",
-		"--checkpoint-root", filepath.Join(dir, "checkpoints"), "--hooks", testHooks()}
-	t.Cleanup(func() {
-		if g.cmd != nil && g.cmd.ProcessState == nil {
-			g.cmd.Process.Signal(syscall.SIGTERM)
-			g.cmd.Wait()
-		}
-		if t.Failed() {
-			b, _ := os.ReadFile(g.log.Name())
-			lines := strings.Split(string(b), "\n")
-			t.Logf("gpud's log (last lines):\n%s", strings.Join(lines[max(0, len(lines)-60):], "\n"))
-		}
-	})
+	g := newGpudProc(t, e, "--checkpoint-root", filepath.Join(dir, "checkpoints"), "--hooks", testHooks())
 	g.start()
 
 	// The state file is read all along: it must always be a whole document.

@@ -236,6 +236,23 @@ func cgroupOf(t *testing.T, pid int) string {
 // containerCount reads /tmp/count in a container through its init's /proc
 // root (a docker exec into a frozen container would freeze too); -1 when
 // unreadable.
+// highAndCountingLow starts, under the running gpud, a container labelled
+// high and one labelled low whose shell holds GPU 1 and counts in
+// /tmp/count (containerCount reads it), and waits until it counts.
+func highAndCountingLow(t *testing.T, e *env, prefix string) (high, low *ctr) {
+	t.Helper()
+	ctrs := &env{t: t, dir: e.dir, gpus: e.gpus, truth: e.truth}
+	high = startLabelled(t, ctrs, prefix+"-high", "gpud.io/priority=high")
+	low = startLabelled(t, ctrs, prefix+"-low", "gpud.io/priority=low")
+	t.Cleanup(func() { exec.Command("docker", "unpause", low.id).Run() })
+	if out, err := exec.Command("docker", "exec", "-d", low.id, "sh", "-c",
+		"exec 3<>/dev/nvidia1; i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done").CombinedOutput(); err != nil {
+		t.Fatalf("docker exec: %v %s", err, out)
+	}
+	testutil.Eventually(t, 10*time.Second, "the low container counts", func() bool { return containerCount(t, low) > 3 })
+	return high, low
+}
+
 func containerCount(t *testing.T, c *ctr) int {
 	t.Helper()
 	out, err := exec.Command("docker", "inspect", "-f", "{{.State.Pid}}", c.id).Output()
@@ -263,40 +280,12 @@ func containerCount(t *testing.T, c *ctr) int {
 // binary, Docker containers labelled high and low.
 func TestFrozenAdoptedAfterGpudKilled(t *testing.T) {
 	requireDocker(t)
-	bin, err := buildGpud()
-	if err != nil {
-		t.Fatal(err)
-	}
 	e := newEnv(t)
 	dir := e.dir
-	g := &gpudProc{t: t, bin: bin, metrics: freeAddr(t)}
-	g.log, _ = os.Create(filepath.Join(dir, "gpud.log"))
-	args := []string{"run", "--dev-dir", e.cfg.DevDir, "--state-file", e.cfg.StateFile, "--state-dir", dir,
-		"--control-socket", "", "--metrics-addr", g.metrics, "--bpf-pin-dir", pinDir(t), "--cri-endpoint", "none",
-		"--reclaim", "none", "--idle-after", "1m", "--resync-interval", "0", "--log-level", "debug",
-		"--enforce", "--preempt-mode", "freeze"}
-	g.args = append(args, "--max-frozen", "1h")
-	t.Cleanup(func() {
-		if g.cmd != nil && g.cmd.ProcessState == nil {
-			g.cmd.Process.Signal(syscall.SIGTERM)
-			g.cmd.Wait()
-		}
-		if t.Failed() {
-			b, _ := os.ReadFile(g.log.Name())
-			lines := strings.Split(string(b), "\n")
-			t.Logf("gpud's log (last lines):\n%s", strings.Join(lines[max(0, len(lines)-60):], "\n"))
-		}
-	})
+	g := newGpudProc(t, e, "--enforce", "--preempt-mode", "freeze")
+	g.args = append(g.base, "--max-frozen", "1h")
 	g.start()
-	ctrs := &env{t: t, dir: dir, gpus: e.gpus, truth: e.truth}
-	high := startLabelled(t, ctrs, "adopt-high", "gpud.io/priority=high")
-	low := startLabelled(t, ctrs, "adopt-low", "gpud.io/priority=low")
-	t.Cleanup(func() { exec.Command("docker", "unpause", low.id).Run() })
-	if out, err := exec.Command("docker", "exec", "-d", low.id, "sh", "-c",
-		"exec 3<>/dev/nvidia1; i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done").CombinedOutput(); err != nil {
-		t.Fatalf("docker exec: %v %s", err, out)
-	}
-	testutil.Eventually(t, 10*time.Second, "the low container counts", func() bool { return containerCount(t, low) > 3 })
+	high, low := highAndCountingLow(t, e, "adopt")
 	suspended := func(what string, ok func(s v1.Suspension) bool) {
 		t.Helper()
 		testutil.WaitStateFile(t, e.cfg.StateFile, 10*time.Second, func(f *v1.StateFile) bool {
@@ -363,7 +352,7 @@ func TestFrozenAdoptedAfterGpudKilled(t *testing.T) {
 	stopped("the counter stopped again")
 	g.kill9()
 	time.Sleep(1500 * time.Millisecond)
-	g.args = append(args, "--max-frozen", "1s")
+	g.args = append(g.base, "--max-frozen", "1s")
 	g.start()
 	testutil.Eventually(t, 15*time.Second, "killed at --max-frozen after the adoption", func() bool {
 		for _, r := range journalRecords(t, journal) {
@@ -446,42 +435,14 @@ func TestCheckpointModeWithTheCUDADouble(t *testing.T) {
 // restore. Before, an adopted workload was thawed but left CUDA-locked.
 func TestCheckpointedAdoptedAndRestoredAfterGpudKilled(t *testing.T) {
 	requireDocker(t)
-	bin, err := buildGpud()
-	if err != nil {
-		t.Fatal(err)
-	}
 	lib := testutil.NewCUDADouble(t)
 	testutil.CUDAScript(t, lib, "driver version=12080\n")
 	e := newEnv(t)
 	dir := e.dir
-	g := &gpudProc{t: t, bin: bin, metrics: freeAddr(t)}
-	g.log, _ = os.Create(filepath.Join(dir, "gpud.log"))
-	g.args = []string{"run", "--dev-dir", e.cfg.DevDir, "--state-file", e.cfg.StateFile, "--state-dir", dir,
-		"--control-socket", "", "--metrics-addr", g.metrics, "--bpf-pin-dir", pinDir(t), "--cri-endpoint", "none",
-		"--reclaim", "none", "--idle-after", "1m", "--resync-interval", "0", "--log-level", "debug",
-		"--enforce", "--preempt-mode", "checkpoint", "--checkpoint-fallback", "freeze", "--cuda-library", lib,
-		"--max-frozen", "1h"}
-	t.Cleanup(func() {
-		if g.cmd != nil && g.cmd.ProcessState == nil {
-			g.cmd.Process.Signal(syscall.SIGTERM)
-			g.cmd.Wait()
-		}
-		if t.Failed() {
-			b, _ := os.ReadFile(g.log.Name())
-			lines := strings.Split(string(b), "\n")
-			t.Logf("gpud's log (last lines):\n%s", strings.Join(lines[max(0, len(lines)-60):], "\n"))
-		}
-	})
+	g := newGpudProc(t, e, "--enforce", "--preempt-mode", "checkpoint", "--checkpoint-fallback", "freeze",
+		"--cuda-library", lib, "--max-frozen", "1h")
 	g.start()
-	ctrs := &env{t: t, dir: dir, gpus: e.gpus, truth: e.truth}
-	high := startLabelled(t, ctrs, "ckadopt-high", "gpud.io/priority=high")
-	low := startLabelled(t, ctrs, "ckadopt-low", "gpud.io/priority=low")
-	t.Cleanup(func() { exec.Command("docker", "unpause", low.id).Run() })
-	if out, err := exec.Command("docker", "exec", "-d", low.id, "sh", "-c",
-		"exec 3<>/dev/nvidia1; i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done").CombinedOutput(); err != nil {
-		t.Fatalf("docker exec: %v %s", err, out)
-	}
-	testutil.Eventually(t, 10*time.Second, "the low container counts", func() bool { return containerCount(t, low) > 3 })
+	high, low := highAndCountingLow(t, e, "ckadopt")
 	var pid int
 	testutil.Eventually(t, 10*time.Second, "the low counter listed as GPU 1's holder", func() bool {
 		f, err := occupancy.ReadStateFile(e.cfg.StateFile)
