@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"strings"
 	"time"
 
 	v1 "github.com/gpud/gpud/api/v1"
@@ -20,7 +21,11 @@ func (s *Snapshot) FromState(f v1.StateFile, now time.Time, names func(v1.StateH
 	}
 	s.LeftAlone = map[string]int{}
 	for _, g := range f.LeftAlone {
-		s.LeftAlone[g.Reason]++
+		// The label is the reason's kind, before its first colon ("MIG
+		// enabled"): the details after it (a slice count, an error's text)
+		// would make a new series for every GPU and error.
+		kind, _, _ := strings.Cut(g.Reason, ":")
+		s.LeftAlone[strings.TrimSpace(kind)]++
 	}
 }
 

@@ -19,8 +19,11 @@ func TestSnapshotFromState(t *testing.T) {
 			{Index: 0, State: v1.Lent, Holders: []v1.StateHolder{{PID: 7, Priority: "low", PodUID: "u1"}}},
 			{Index: 1, State: v1.Idle, IdleSince: &idle},
 		},
-		Hooks:     &v1.StateHooks{Mode: "driver", Complete: true, PassedFDs: bpf.PassedBySock},
-		LeftAlone: []v1.StateLeftAlone{{Device: "/dev/nvidia2", Reason: "mig"}, {Device: "/dev/nvidia3", Reason: "mig"}},
+		Hooks: &v1.StateHooks{Mode: "driver", Complete: true, PassedFDs: bpf.PassedBySock},
+		LeftAlone: []v1.StateLeftAlone{
+			{Device: "/dev/nvidia2", Reason: "MIG enabled: the parent of 2 slices, each judged and lent as a GPU of its own"},
+			{Device: "/dev/nvidia3", Reason: "MIG enabled: its slices could not be mapped: open /proc/driver/nvidia-caps/mig-minors: no such file or directory"},
+		},
 	}
 	var s Snapshot
 	s.FromState(f, now, func(h v1.StateHolder) (string, string, string) { return "ml", "pod-" + h.PodUID, "main" })
@@ -33,8 +36,8 @@ func TestSnapshotFromState(t *testing.T) {
 	if !s.Monitoring || !s.Enforcing || s.HooksMode != "driver" || !s.HooksComplete || s.HooksPassedFDs != "sock" {
 		t.Fatalf("switches and hooks %+v", s)
 	}
-	if s.LeftAlone["mig"] != 2 {
-		t.Fatalf("left alone %v, want mig 2", s.LeftAlone)
+	if len(s.LeftAlone) != 1 || s.LeftAlone["MIG enabled"] != 2 {
+		t.Fatalf("left alone %v, want one reason, \"MIG enabled\": 2 (the details are not a label)", s.LeftAlone)
 	}
 	var none Snapshot
 	none.FromState(v1.StateFile{}, now, nil)
