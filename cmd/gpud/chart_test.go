@@ -45,18 +45,8 @@ var podLayout = map[string]string{
 // helmTemplate renders the chart as release gpud in gpud-system.
 func helmTemplate(t *testing.T, args ...string) string {
 	t.Helper()
-	bin, err := exec.Command("../../scripts/helm.sh", "--built").Output()
-	if err != nil {
-		if !testutil.InCI() {
-			testutil.Skip(t, "helm is not built: `make k8s` (scripts/helm.sh) builds it")
-		}
-		// Under CI the chart is always checked: build the pinned helm.
-		if bin, err = exec.Command("../../scripts/helm.sh", "--path").Output(); err != nil {
-			t.Fatalf("scripts/helm.sh --path: %v", err)
-		}
-	}
 	home := t.TempDir()
-	cmd := exec.Command(strings.TrimSpace(string(bin)), append([]string{"template", "gpud", chartDir, "--namespace", "gpud-system"}, args...)...)
+	cmd := exec.Command(testutil.Helm(t), append([]string{"template", "gpud", chartDir, "--namespace", "gpud-system"}, args...)...)
 	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+home, "HELM_CONFIG_HOME="+home, "HELM_DATA_HOME="+home)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr

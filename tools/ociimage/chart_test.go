@@ -17,17 +17,15 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+
+	"github.com/gpud/gpud/internal/testutil"
 )
 
 // packagedChart packages gpud's chart with the pinned helm, stamped
-// version 1.2.3+build.4, or skips when helm is not built.
+// version 1.2.3+build.4 (testutil.Helm: skips when helm is not built, builds it under CI).
 func packagedChart(t *testing.T) (helm, tgz string) {
 	t.Helper()
-	out, err := exec.Command("../../scripts/helm.sh", "--built").Output()
-	if err != nil {
-		t.Skip("helm is not built (make k8s builds it): the chart push is checked without a real chart")
-	}
-	helm = strings.TrimSpace(string(out))
+	helm = testutil.Helm(t)
 	dir := t.TempDir()
 	if out, err := exec.Command("cp", "-r", "../../deploy/helm/gpud", dir).CombinedOutput(); err != nil {
 		t.Fatalf("cp: %v %s", err, out)
