@@ -13,12 +13,21 @@ LDFLAGS   := -X main.version=$(VERSION) -X main.commit=$(COMMIT) -X main.buildDa
 # Privileged packages share the kernel and the fake GPU device numbers: one at a time.
 TESTFLAGS ?= -count=1 -p 1 -timeout 30m
 BENCHTIME ?= 1x
+# make bench: runs per series (unloaded, loaded); the kernel-matrix guest
+# the syscall-tax benchmark also runs in (empty: none); 1 for CI's smoke run.
+RUNS      ?= 3
+BENCH_KMATRIX ?= trixie
+BENCH_SMOKE ?=
 # Time each fuzz target runs for in `make fuzz` and `make test`.
 FUZZTIME  ?= 10s
 # The daemon tests `make test` runs a second time with --hooks syscalls
 # (the opt-in mode; the whole suite runs in the default driver mode): fd
 # tracking, the bypass routes, crashes, the gate's verdicts and overload.
 SYSCALLS_MODE_TESTS ?= ^(TestFDLifecycle|TestForkExecExit|TestFDPassing|TestStartupFindsExistingHolder|TestBypass|TestBypassIOUringResync|TestCrashCampaign|TestGateLowHeldHighOpens|TestGateHighHeldLowDenied|TestGateFirstOpen|TestOverloadDropsResync|TestDriverHooksOpenRoutes|TestPassedFDReceiverKilled)$$
+# HOG=1: `make test` runs its Go tests with a spinning loop per CPU beside
+# them (scripts/hog.sh; .ci/run sets it from GPUD_CI_HOG=1).
+HOG       ?=
+GOTEST    = $(if $(filter 1,$(HOG)),scripts/hog.sh )$(GO) test
 # The kernels `make test` boots (scripts/kmatrix.sh suites).
 KMATRIX_IN_TEST ?= bullseye bookworm trixie
 IMAGE_REPO ?= gpud.local/gpud
@@ -56,8 +65,8 @@ test: build k8s
 	@set -e; trap 'scripts/cluster.sh down $(CLUSTER_DIR); scripts/dockerd.sh stop' EXIT; \
 	scripts/image.sh; \
 	$(MAKE) --no-print-directory lint; \
-	$(GO) test $(TESTFLAGS) ./...; \
-	GPUD_TEST_HOOKS=syscalls $(GO) test $(TESTFLAGS) -run '$(SYSCALLS_MODE_TESTS)' ./internal/daemon/; \
+	$(GOTEST) $(TESTFLAGS) ./...; \
+	GPUD_TEST_HOOKS=syscalls $(GOTEST) $(TESTFLAGS) -run '$(SYSCALLS_MODE_TESTS)' ./internal/daemon/; \
 	scripts/gpu-check.sh --double --out bin/gpu-check-double.txt; \
 	GO=$(GO) FUZZTIME=$(FUZZTIME) scripts/fuzz.sh; \
 	GO=$(GO) scripts/release.sh --version $(VERSION) --name $(IMAGE) --out bin/release; \
@@ -65,7 +74,7 @@ test: build k8s
 	. $(CLUSTER_DIR)/env; \
 	ctr -n k8s.io -a $$CONTAINERD_SOCK images import bin/release/gpud-$(VERSION).oci.tar >/dev/null; \
 	ctr -n k8s.io -a $$CONTAINERD_SOCK images tag --force $(IMAGE) $(IMAGE_REPO):$(VERSION) >/dev/null; \
-	GPUD_VERSION=$(VERSION) $(GO) test -tags k8s -count=1 -timeout 15m ./test/k8s/; \
+	GPUD_VERSION=$(VERSION) $(GOTEST) -tags k8s -count=1 -timeout 15m ./test/k8s/; \
 	scripts/cluster.sh down $(CLUSTER_DIR); \
 	scripts/deps.sh kmatrix; \
 	GO=$(GO) scripts/kmatrix.sh $(KMATRIX_IN_TEST)
@@ -91,10 +100,16 @@ unit:
 fuzz:
 	GO=$(GO) FUZZTIME=$(FUZZTIME) scripts/fuzz.sh
 
-# Figures, each as a ratio to a baseline measured in the same run.
+# Figures, each beside its goal (tools/benchreport/goals.go), MET or MISSED:
+# RUNS unloaded and RUNS loaded runs (a spinning loop per CPU), interleaved,
+# then BenchmarkSyscallTax in a kernel-matrix guest (BENCH_KMATRIX, kprobes
+# attached); docs/benchmarks.md's tables are written from the run, the
+# runs' output is in bin/bench/ (scripts/bench.sh; ~30 minutes on 2 cores).
+# CI's smoke run: `make bench BENCH_SMOKE=1` (small sizes, one run each, no
+# doc write).
 bench: build
 	scripts/deps.sh build test
-	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -count=1 -p 1 -timeout 30m ./internal/daemon/ ./internal/occupancy/ ./internal/dra/
+	GO=$(GO) RUNS=$(RUNS) BENCHTIME=$(BENCHTIME) BENCH_SMOKE=$(BENCH_SMOKE) BENCH_KMATRIX='$(BENCH_KMATRIX)' scripts/bench.sh
 
 # On a node with an NVIDIA driver (nothing else: no CUDA toolkit, no
 # network): a CUDA program under gpud, one table of checks in

@@ -69,12 +69,14 @@ PIDS=()       # host probes
 CONTAINERS=() # containers made here
 IMAGE=""
 PIN=/sys/fs/bpf/gpud-check-$$
+CG="" # row 8's cgroup
 
 cleanup() {
 	local rc=$?
 	trap - EXIT INT TERM
 	set +e
 	[[ -n $WATCHDOG ]] && kill "$WATCHDOG" 2>/dev/null && wait "$WATCHDOG" 2>/dev/null
+	[[ -n $CG ]] && echo 0 >"$CG/cgroup.freeze" 2>/dev/null # row 8's: thawed, so its probe dies
 	local p c
 	for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
 	for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
@@ -91,6 +93,7 @@ cleanup() {
 		tail -n 15 "$T/gpud.log" >&2
 	fi
 	rm -rf "$PIN"
+	[[ -n $CG ]] && rmdir "$CG" 2>/dev/null
 	[[ -n $T ]] && rm -rf "$T"
 	exit "$rc"
 }
@@ -509,6 +512,56 @@ else
 		row 7 mig FAIL "nvidia-smi says a GPU is in MIG mode ($MODES) but gpud neither lists its slices nor leaves it alone ($(Q nvml))"
 	else
 		row 7 mig SKIP "(no GPU in MIG mode${MODES:+: $MODES}; the check does not switch MIG mode: nvidia-smi -i <gpu> -mig 1 with nothing on the GPU, nvidia-smi mig -cgi <profile> -C, then run again)"
+	fi
+fi
+
+# ---- 8 queued kernels after a freeze ----
+# A host probe in a cgroup of its own queues launches without waiting for
+# them; the cgroup is then frozen (cgroup.freeze, the freezer gpud's
+# time-slicing uses) and NVML's utilization of the GPU polled until it is
+# at most 5 %: the freeze stops launches, not the GPU, so the kernels
+# already queued run on, and this is for how long (the bound a compute
+# share's slice cannot undercut; NVML's sample period is included).
+CGROOT=$(awk '$3 == "cgroup2" { print $2; exit }' /proc/mounts)
+if [[ -z $CGROOT ]]; then
+	row 8 queued-tail SKIP "(no cgroup v2 hierarchy mounted: the freeze is cgroup.freeze)"
+else
+	CG=$CGROOT/gpud-check-$$
+	mkdir "$CG"
+	if $DOUBLE; then
+		QARGS=(idle:1 queue:100 hold) NVMLLIB=$DRV/libnvidia-ml.so.1
+	else
+		# ~10 ms a launch on an H100 (each thread 10^6 dependent steps):
+		# 500 queued are seconds of work, whatever the launch queue's depth.
+		QARGS=(--reps 1000000 idle:1 queue:500 hold) NVMLLIB=libnvidia-ml.so.1
+	fi
+	if probe_host queued "${QARGS[@]}"; then
+		P=$PROBE_PID
+		echo "$P" >"$CG/cgroup.procs" # during idle:1, before it launches
+		D="the probe queued nothing within 60 s: $(tail -1 "$T/queued.out")"
+		if until_ok 60 grep -q '^queued' "$T/queued.out"; then
+			D=$("$PROBE" --freeze-drain "$CG" --uuid "$UUID" --nvml-lib "$NVMLLIB" --below 5 --timeout 60 2>&1 | tail -1) || true
+		fi
+		echo 0 >"$CG/cgroup.freeze"
+		until_ok 60 grep -q '^drained' "$T/queued.out" || true
+		kill -TERM "$P" 2>/dev/null || true
+		BEFORE=$(sed -n 's/^util_before=\([0-9]*\) drain_ms=.*/\1/p' <<<"$D")
+		DRAIN=$(sed -n 's/.* drain_ms=\([0-9.]*\).*/\1/p' <<<"$D")
+		Q_N=$(sed -n 's/^queued n=\([0-9]*\).*/\1/p' "$T/queued.out")
+		if [[ -z $DRAIN ]]; then
+			row 8 queued-tail FAIL "${Q_N:-no} launches queued, then: $D"
+		elif $DOUBLE; then
+			# The CUDA double runs each kernel on the CPU inside
+			# cuLaunchKernel: nothing is left queued at the freeze, and
+			# the drop is the NVML double's 1 s window of samples.
+			row 8 queued-tail PASS "n/a on the double (its kernels run inside cuLaunchKernel: none queued at the freeze); the freeze and NVML's utilization work: ${BEFORE} % → ≤ 5 % in ${DRAIN} ms"
+		elif ((BEFORE < 50)); then
+			row 8 queued-tail FAIL "the GPU was ${BEFORE} % busy at the freeze, $Q_N launches queued: too little queued to measure"
+		else
+			row 8 queued-tail PASS "$Q_N launches queued, frozen at ${BEFORE} % busy: the GPU stayed busy ${DRAIN} ms after the freeze"
+		fi
+	else
+		row 8 queued-tail FAIL "the probe did not start: $(tail -1 "$T/queued.out")"
 	fi
 fi
 

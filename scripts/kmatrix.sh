@@ -24,7 +24,11 @@
 # Usage: scripts/kmatrix.sh [SUITE...]   (default: bullseye bookworm trixie)
 # Env: GO, KMATRIX_MEM (MiB per guest, default 1536), KMATRIX_TIMEOUT (s per
 # kernel, default 480), KMATRIX_OUT (directory for the per-kernel logs and
-# the summary, default $CACHE/last).
+# the summary, default $CACHE/last), KMATRIX_BENCH (empty; "only": instead of
+# the tests, BenchmarkSyscallTax with --hooks driver's kprobes attached, its
+# output in $KMATRIX_OUT/SUITE.bench.txt for tools/benchreport — `make bench`
+# runs it; KMATRIX_TAX_ROUNDS (1) and KMATRIX_TAX_DIVIDE (20) size it: TCG
+# emulates the guest, so only its ratios mean anything).
 # Exit: 0 when every test binary passed on every kernel.
 set -euo pipefail
 
@@ -38,6 +42,12 @@ OUT=${KMATRIX_OUT:-$CACHE/last}
 # seconds and runs the tests at a fraction of native speed.
 ACCEL=${KMATRIX_ACCEL:-tcg}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BENCH=${KMATRIX_BENCH:-}
+[[ -z $BENCH || $BENCH == only ]] || { echo "kmatrix.sh: KMATRIX_BENCH=$BENCH: want empty or only" >&2; exit 1; }
+# The guest's scripts and test binaries; a benchmark run has its own, so that
+# it does not pull them from under a test run of the matrix.
+RUN=$CACHE/run
+[[ -z $BENCH ]] || RUN=$CACHE/run-bench
 
 die() { echo "kmatrix.sh: $*" >&2; exit 1; }
 log() { echo "kmatrix.sh: $*" >&2; }
@@ -184,7 +194,8 @@ mount -t debugfs debugfs $H/sys/kernel/debug 2>/dev/null
 if [ -n "$src" ] && [ ! -d $H$src/bpf ]; then
 	mkdir -p $H$src && mount -o bind /src $H$src
 fi
-chroot $H /bin/bash KMATRIX_GUEST
+guest=$(sed -n 's/.*kmatrix\.guest=\([^ ]*\).*/\1/p' /proc/cmdline)
+chroot $H /bin/bash ${guest:-KMATRIX_GUEST}
 echo "KMATRIX DONE"
 poweroff -f
 INIT
@@ -201,12 +212,27 @@ INIT
 DAEMON_TESTS='^(TestFDLifecycle|TestForkExecExit|TestFDPassing|TestStartupFindsExistingHolder|TestMonitoringSwitch|TestGateOddDeviceNodes|TestDriverHooksFollowModuleReload)$'
 
 build_tests() {
-	rm -rf "$CACHE/run"
-	mkdir -p "$CACHE/run/bin"
-	(cd "$ROOT" && "$GO" test -c -o "$CACHE/run/bin/bpf.test" ./bpf/ &&
-		"$GO" test -c -o "$CACHE/run/bin/daemon.test" ./internal/daemon/) ||
+	rm -rf "$RUN"
+	mkdir -p "$RUN/bin"
+	(cd "$ROOT" && "$GO" test -c -o "$RUN/bin/bpf.test" ./bpf/ &&
+		"$GO" test -c -o "$RUN/bin/daemon.test" ./internal/daemon/) ||
 		die "building the test binaries failed"
-	cat >"$CACHE/run/guest.sh" <<GUEST
+	if [[ -n $BENCH ]]; then
+		[[ -x $ROOT/bin/gpud ]] || die "KMATRIX_BENCH: no $ROOT/bin/gpud (make build)"
+		cat >"$RUN/guest.sh" <<GUEST
+#!/bin/bash
+# Runs in the guest: the syscall-tax benchmark only (scripts/bench.sh).
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root CI=true TMPDIR=/tmp
+export GPUD_TAX_ROUNDS=${KMATRIX_TAX_ROUNDS:-1} GPUD_TAX_DIVIDE=${KMATRIX_TAX_DIVIDE:-20}
+echo "KMATRIX KERNEL \$(uname -r)"
+echo "KMATRIX BEGIN bench"
+(cd $ROOT/internal/daemon && $RUN/bin/daemon.test -test.run '^\$' -test.bench '^BenchmarkSyscallTax\$' -test.benchtime 1x -test.count 1 -test.timeout 10m 2>&1)
+echo "KMATRIX RC bench \$?"
+GUEST
+		chmod 0755 "$RUN/guest.sh"
+		return
+	fi
+	cat >"$RUN/guest.sh" <<GUEST
 #!/bin/bash
 # Runs in the guest, chrooted into the host's / (read-only; tmpfs on /tmp).
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root CI=true TMPDIR=/tmp
@@ -218,21 +244,21 @@ run() {
 	(cd "\$dir" && "\$@" 2>&1) | tee /tmp/\$name.out
 	echo "KMATRIX RC \$name \${PIPESTATUS[0]}"
 }
-run bpf $ROOT/bpf $CACHE/run/bin/bpf.test -test.v -test.count=1 -test.timeout=5m
+run bpf $ROOT/bpf $RUN/bin/bpf.test -test.v -test.count=1 -test.timeout=5m
 # A kernel that refuses the gate (TestGateVerdicts says so) runs gpud
 # observe-only: there the gate reports no opens, and --hooks syscalls is
 # the documented configuration (sys_exit checks each new fd itself).
 if grep -q 'gate refused by this kernel' /tmp/bpf.out; then
 	echo "KMATRIX GATE refused: daemon tests with GPUD_TEST_HOOKS=syscalls"
 	# --hooks driver must still start there (opens found by /proc scans).
-	GPUD_TEST_HOOKS=driver run daemon-driver $ROOT/internal/daemon $CACHE/run/bin/daemon.test -test.v -test.count=1 -test.timeout=5m -test.run '^TestStartupFindsExistingHolder\$'
+	GPUD_TEST_HOOKS=driver run daemon-driver $ROOT/internal/daemon $RUN/bin/daemon.test -test.v -test.count=1 -test.timeout=5m -test.run '^TestStartupFindsExistingHolder\$'
 	export GPUD_TEST_HOOKS=syscalls
 else
 	echo "KMATRIX GATE loaded"
 fi
-run daemon $ROOT/internal/daemon $CACHE/run/bin/daemon.test -test.v -test.count=1 -test.timeout=5m -test.run '$DAEMON_TESTS'
+run daemon $ROOT/internal/daemon $RUN/bin/daemon.test -test.v -test.count=1 -test.timeout=5m -test.run '$DAEMON_TESTS'
 GUEST
-	chmod 0755 "$CACHE/run/guest.sh"
+	chmod 0755 "$RUN/guest.sh"
 }
 
 # boot KDIR LOG: the kernel in qemu/KVM, its console in LOG.
@@ -245,7 +271,7 @@ boot() {
 	timeout --foreground -k 10 "$TIMEOUT" qemu-system-x86_64 "${machine[@]}" \
 		-smp 2 -m "$MEM" -nographic -no-reboot -nodefaults -serial stdio \
 		-kernel "$vmlinuz" -initrd "$kdir/initrd.cpio.gz" \
-		-append "console=ttyS0 rdinit=/init panic=-1 quiet loglevel=4 kmatrix.root=$ROOT" \
+		-append "console=ttyS0 rdinit=/init panic=-1 quiet loglevel=4 kmatrix.root=$ROOT kmatrix.guest=$RUN/guest.sh" \
 		-fsdev local,id=hostfs,path=/,security_model=none,readonly=on \
 		-device virtio-9p-pci,fsdev=hostfs,mount_tag=host \
 		</dev/null >"$logf" 2>&1 || true
@@ -268,7 +294,19 @@ for s in "${SUITES[@]}"; do
 	kver=$(sed -n 's/^KMATRIX KERNEL \([^[:space:]]*\).*/\1/p' "$logf" | head -1)
 	gate=$(sed -n 's/^KMATRIX GATE \([a-z]*\).*/\1/p' "$logf" | head -1)
 	extra=$(sed -n 's/^KMATRIX BEGIN \(daemon-driver\)[[:space:]]*$/\1/p' "$logf")
-	for t in bpf daemon $extra; do
+	tests="bpf daemon $extra"
+	if [[ -n $BENCH ]]; then
+		tests=bench
+		# The benchmark's output, as tools/benchreport reads it.
+		{
+			echo "benchmeta: series kmatrix-$s"
+			echo "benchmeta: kernel ${kver:-no-boot}"
+			echo "benchmeta: cpu qemu TCG (emulated: ratios only)"
+			echo "benchmeta: date $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+			sed -n '/^KMATRIX BEGIN bench[[:space:]]*$/,/^KMATRIX RC bench /p' "$logf" | tr -d '\r' | grep -v '^KMATRIX'
+		} >"$OUT/$s.bench.txt"
+	fi
+	for t in $tests; do
 		rc=$(sed -n "s/^KMATRIX RC $t \([0-9]*\).*/\1/p" "$logf" | head -1)
 		pass=$(sed -n "/^KMATRIX BEGIN $t[[:space:]]*\$/,/^KMATRIX RC $t /p" "$logf" | grep -c -- '^--- PASS' || true)
 		failed=$(sed -n "/^KMATRIX BEGIN $t[[:space:]]*\$/,/^KMATRIX RC $t /p" "$logf" | grep -- '^--- FAIL' | awk '{print $3}' | tr '\n' ' ' || true)

@@ -47,8 +47,13 @@ type ExplainGPU struct {
 	HighHolders int      `json:"high_holders"` // other processes, by class
 	LowHolders  int      `json:"low_holders"`
 	Lent        bool     `json:"lent"`
+	Shared      bool     `json:"shared,omitempty"`       // shared by DRA claims: the rule table's shared rows
 	ReservedFor uint64   `json:"reserved_for,omitempty"` // cgroup id of the earliest refused request
 	Allow       bool     `json:"allow"`
 	Rule        string   `json:"rule"`
 	Effects     []string `json:"effects,omitempty"` // what the verdict sets off
+	// Compute is its pod's share of the GPU's compute, when the time-slice
+	// scheduler shares it: target, measured share, throttled time, and
+	// whether (and why) the scheduler holds it frozen now.
+	Compute *StateComputeShare `json:"compute,omitempty"`
 }

@@ -218,6 +218,36 @@ type StateGPU struct {
 	// a whole-GPU owner another device plugin gave the GPU, or a host
 	// process. Shown and logged, never preempted by the share rule.
 	ShareConflicts []StateShareConflict `json:"share_conflicts,omitempty"`
+	// ComputeShares are the pods sharing this GPU's compute under gpud's
+	// time-slice scheduler, one per pod: absent when none is.
+	ComputeShares []StateComputeShare `json:"compute_shares,omitempty"`
+}
+
+// StateComputeShare is one pod's share of a GPU's compute: what its claims
+// asked, what it used, and what the scheduler does with it now.
+type StateComputeShare struct {
+	PodNamespace string `json:"pod_namespace"`
+	PodName      string `json:"pod_name"`
+	PodUID       string `json:"pod_uid"`
+	// TargetPercent is the percent of the GPU its claims were given;
+	// HardCap: never more, even with the GPU otherwise idle.
+	TargetPercent int  `json:"target_percent"`
+	HardCap       bool `json:"hard_cap,omitempty"`
+	// UsedPercent is its measured share of the GPU (NVML's per-process
+	// utilization), averaged over about a scheduling period.
+	UsedPercent float64 `json:"used_percent"`
+	// ThrottledSeconds is the time the scheduler has held it frozen on
+	// this GPU since it began sharing it under this gpud.
+	ThrottledSeconds float64 `json:"throttled_seconds"`
+	// State is the scheduler's: running (holds the token), waiting (busy,
+	// frozen until its turn), capped (over its hard cap, frozen), idle (no
+	// work seen: thawed, its share to the others) or exempt (high priority:
+	// never frozen, only measured).
+	State string `json:"state"`
+	// Frozen: the scheduler holds its cgroup frozen now; Why says why it
+	// is or is not, in words.
+	Frozen bool   `json:"frozen,omitempty"`
+	Why    string `json:"why,omitempty"`
 }
 
 // StateMIG is a MIG instance's place: its parent GPU and its profile.

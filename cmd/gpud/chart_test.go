@@ -254,6 +254,7 @@ var chartSettings = []struct{ key, yaml, flag, arg string }{
 	{"gpud.defaultPriority", "low", "default-priority", "low"},
 	{"gpud.agentComms", "[]", "agent-comms", ""},
 	{"gpud.agentNamespaces", "[ns1]", "agent-namespaces", "ns1"},
+	{"gpud.priorityClasses", "[high>=1000, low<1000]", "priority-classes", "high>=1000,low<1000"},
 	{"gpud.agentLabels", "[a=b*, c=d]", "agent-labels", "a=b*,c=d"},
 	{"gpud.preemptGrace", "5s", "preempt-grace", "5s"},
 	{"gpud.preemptMode", "freeze", "preempt-mode", "freeze"},
@@ -288,6 +289,8 @@ var chartSettings = []struct{ key, yaml, flag, arg string }{
 	{"dra.memoryStep", `"0"`, "dra-memory-step", "0"},
 	{"dra.memoryDefault", `"8Gi"`, "dra-memory-default", "8Gi"},
 	{"dra.cdiDir", "/etc/cdi3", "dra-cdi-dir", "/etc/cdi3"},
+	{"dra.computeSlice", "10ms", "compute-slice", "10ms"},
+	{"dra.computePeriod", "2s", "compute-period", "2s"},
 }
 
 // chartOnly are `gpud run` flags with no value of their own: the layout's

@@ -21,7 +21,7 @@ import (
 // a bad value is refused before the command runs, with the same error
 // naming the allowed values. The commands without -o are named here.
 func TestOutputVocabulary(t *testing.T) {
-	noOutput := []string{"run", "monitor", "uninstall", "completion", "help"}
+	noOutput := []string{"run", "monitor", "uninstall", "completion", "help", "thaw-guard"}
 	root := newRoot(&bytes.Buffer{}, &bytes.Buffer{})
 	root.InitDefaultCompletionCmd()
 	root.InitDefaultHelpCmd()

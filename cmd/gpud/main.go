@@ -73,7 +73,7 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 		}
 		return usagef("%s: %v", c.Name(), err)
 	})
-	root.AddCommand(newRunCmd(), newStatusCmd(), newExplainCmd(), newMonitorCmd(), newUninstallCmd(), newVersionCmd())
+	root.AddCommand(newRunCmd(), newStatusCmd(), newExplainCmd(), newMonitorCmd(), newUninstallCmd(), newVersionCmd(), newThawGuardCmd())
 	// cobra's own `completion bash|zsh|fish|powershell` stays, visible.
 	return root
 }

@@ -28,6 +28,7 @@ import (
 	"github.com/gpud/gpud/internal/metrics"
 	"github.com/gpud/gpud/internal/nvidia"
 	"github.com/gpud/gpud/internal/occupancy"
+	"github.com/gpud/gpud/internal/sharing/compute"
 	"github.com/gpud/gpud/internal/uninstall"
 	"github.com/gpud/gpud/internal/workload"
 )
@@ -101,6 +102,8 @@ func runFlags() (*pflag.FlagSet, *runOptions) {
 	fs.Var(config.NewList(&cfg.AgentComms, def.AgentComms, workload.CheckComm), "agent-comms", "process names of the host's system agents (\"\": none)")
 	fs.Var(config.NewList(&cfg.AgentNamespaces, def.AgentNamespaces, workload.CheckNamespace), "agent-namespaces", "namespaces whose pods may be system agents (\"\": none)")
 	fs.Var(config.NewList(&cfg.AgentLabels, def.AgentLabels, workload.CheckLabel), "agent-labels", "key=glob labels of agent pods in --agent-namespaces (\"\": all)")
+	fs.Var(config.NewList(&cfg.PriorityClasses, def.PriorityClasses, workload.CheckPriorityClass), "priority-classes",
+		"pod priority to class, over the label: high>=1000,low<1000 (\"\": label only)")
 	fs.BoolVar(&cfg.DevicePlugin, "device-plugin", false, "lend idle GPUs to kubelet as --resource-name (device plugin)")
 	fs.StringVar(&cfg.ResourceName, "resource-name", def.ResourceName, "extended resource of lent GPUs")
 	fs.StringVar(&cfg.OwnerResource, "owner-resource", def.OwnerResource, "resource through which pods own GPUs (their owners)")
@@ -120,6 +123,8 @@ func runFlags() (*pflag.FlagSet, *runOptions) {
 	size(&o.draMem[1], "dra-memory-min", def.DRAMemoryMin, "smallest share of a GPU's memory a claim may ask")
 	size(&o.draMem[2], "dra-memory-step", def.DRAMemoryStep, "shares are rounded up to a multiple of this (0: any size)")
 	size(&o.draMem[3], "dra-memory-default", def.DRAMemoryDefault, "the share of a request that asks no memory")
+	fs.DurationVar(&cfg.ComputeSlice, "compute-slice", def.ComputeSlice, "a compute-sharing pod's token: it runs alone this long")
+	fs.DurationVar(&cfg.ComputePeriod, "compute-period", def.ComputePeriod, "a busy compute-sharing pod is frozen at most this long in a row")
 	fs.StringVar(&cfg.DRAPluginDir, "dra-plugin-dir", def.DRAPluginDir, "the DRA plugin's directory as the host sees it")
 	fs.StringVar(&cfg.DRARegistryDir, "dra-registry-dir", def.DRARegistryDir, "kubelet's plugin registration directory as the host sees it")
 	fs.StringVar(&cfg.DRACDIDir, "dra-cdi-dir", def.DRACDIDir, "where the CDI specs of prepared claims are written")
@@ -203,7 +208,8 @@ func loadRun(args []string, src config.Sources) (*runOptions, *config.Settings, 
 		*[]*uint64{&cfg.DRAMemoryReserve, &cfg.DRAMemoryMin, &cfg.DRAMemoryStep, &cfg.DRAMemoryDefault}[i] = uint64(q.Value())
 	}
 	cfg.DefaultPriority = occupancy.Priority(o.defPrio)
-	for name, v := range map[string]time.Duration{"fail-open-after": cfg.FailOpenAfter, "reservation-ttl": cfg.ReservationTTL, "idle-after": cfg.IdleAfter} {
+	for name, v := range map[string]time.Duration{"fail-open-after": cfg.FailOpenAfter, "reservation-ttl": cfg.ReservationTTL, "idle-after": cfg.IdleAfter,
+		"compute-slice": cfg.ComputeSlice, "compute-period": cfg.ComputePeriod} {
 		if v <= 0 {
 			return nil, nil, bad(name, "must be positive, got %s", v)
 		}
@@ -212,6 +218,9 @@ func loadRun(args []string, src config.Sources) (*runOptions, *config.Settings, 
 		if v < 0 {
 			return nil, nil, bad(name, "must not be negative, got %s", v)
 		}
+	}
+	if cfg.ComputeSlice >= cfg.ComputePeriod {
+		return nil, nil, bad("compute-slice", "must be shorter than --compute-period (%s), got %s", cfg.ComputePeriod, cfg.ComputeSlice)
 	}
 	if err := checkLoopback(cfg.PprofAddr); err != nil {
 		return nil, nil, bad("pprof-addr", "%v", err)
@@ -379,6 +388,7 @@ func cmdRun(args []string) error {
 			return usagef("run: %v", err)
 		}
 		o.cfg.ReloadsRefused = configRefused.Load
+		compute.GuardExe = "/proc/self/exe" // this binary, even if replaced on disk since: its thaw-guard
 		d, err := daemon.New(o.cfg, log)
 		if errors.Is(err, nvidia.ErrNoGPUs) {
 			continue // gone again since the wait saw them

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -258,7 +259,38 @@ var v1FreezerMount = sync.OnceValue(func() string {
 	return v1FreezerFrom(b)
 })
 
+// V1Roots returns the mount points of the v1 hierarchies mounted at their
+// root (none on a pure v2 host): where a process moves to leave every v1
+// cgroup it is in.
+func V1Roots() []string {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, m := range v1RootMounts(b) {
+		out = append(out, m.point)
+	}
+	return out
+}
+
 func v1FreezerFrom(mountinfo []byte) string {
+	for _, m := range v1RootMounts(mountinfo) {
+		if slices.Contains(m.opts, "freezer") {
+			return m.point
+		}
+	}
+	return ""
+}
+
+type v1Mount struct {
+	point string
+	opts  []string
+}
+
+// v1RootMounts lists mountinfo's v1 cgroup mounts of a hierarchy's root.
+func v1RootMounts(mountinfo []byte) []v1Mount {
+	var out []v1Mount
 	sc := bufio.NewScanner(bytes.NewReader(mountinfo))
 	for sc.Scan() {
 		line := sc.Text()
@@ -271,13 +303,9 @@ func v1FreezerFrom(mountinfo []byte) string {
 		if len(fields) < 5 || len(fs) < 3 || fs[0] != "cgroup" || fields[3] != "/" {
 			continue
 		}
-		for _, opt := range strings.Split(fs[2], ",") {
-			if opt == "freezer" {
-				return fields[4]
-			}
-		}
+		out = append(out, v1Mount{point: fields[4], opts: strings.Split(fs[2], ",")})
 	}
-	return ""
+	return out
 }
 
 // WorkloadFreezer finds and opens the freezer of the workload process pid

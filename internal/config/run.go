@@ -106,6 +106,10 @@ type Run struct {
 	AgentComms      []string // process names (comm, ≤ 15 bytes)
 	AgentNamespaces []string // namespaces whose pods may be agents
 	AgentLabels     []string // key=glob: which pods of those namespaces are
+	// PriorityClasses maps pods' priorities (their PriorityClass's value)
+	// to high or low ("high>=1000", workload.ParsePriorityClasses); a
+	// mapped priority wins over the pod's label. Empty: the label decides.
+	PriorityClasses []string
 
 	// Lending idle GPUs through a kubelet device plugin.
 	DevicePlugin       bool
@@ -139,6 +143,10 @@ type Run struct {
 	// directory, DRARegistryDir kubelet's plugins_registry, both as the
 	// host sees them; DRACDIDir where claim CDI specs go.
 	DRAPluginDir, DRARegistryDir, DRACDIDir string
+	// ComputeSlice and ComputePeriod time the compute scheduler of GPUs
+	// shared by compute (internal/sharing/compute): the token's length,
+	// and the longest a busy sharing pod is frozen in a row.
+	ComputeSlice, ComputePeriod time.Duration
 
 	// MetricsAddr serves /metrics, /healthz and /readyz; "" disables.
 	MetricsAddr string
@@ -205,7 +213,14 @@ func Defaults() Run {
 		DRAPluginDir:       "/var/lib/kubelet/plugins/gpud.io",
 		DRARegistryDir:     "/var/lib/kubelet/plugins_registry",
 		DRACDIDir:          "/var/run/cdi",
-		NRISocket:          "/var/run/nri/nri.sock",
+		// 20 ms: a 10 % pod within ±2 points over any second; 50 token
+		// changes a second cost well under 1 % of a core. 1 s: under a
+		// liveness probe's default 1 s timeout plus its period (a probe
+		// is late once at most, never failureThreshold times in a row)
+		// and far under NCCL's watchdog (10 min).
+		ComputeSlice:  20 * time.Millisecond,
+		ComputePeriod: time.Second,
+		NRISocket:     "/var/run/nri/nri.sock",
 		AgentComms: []string{
 			"nvidia-persiste", // nvidia-persistenced (a comm keeps 15 bytes)
 			"nv-hostengine",   // DCGM
@@ -231,6 +246,8 @@ func Defaults() Run {
 		// a workload chooses them only where the operator allows.
 		PreemptModeNamespaces: []string{},
 		PreemptModeContainers: []string{},
+		// Off: which priorities are "high" is the cluster's own choice.
+		PriorityClasses: []string{},
 	}
 }
 
@@ -269,6 +286,8 @@ func (r Run) Complete() Run {
 	dur(&r.IdleAfter, d.IdleAfter)
 	dur(&r.FailOpenAfter, d.FailOpenAfter)
 	dur(&r.ReservationTTL, d.ReservationTTL)
+	dur(&r.ComputeSlice, d.ComputeSlice)
+	dur(&r.ComputePeriod, d.ComputePeriod)
 	if r.RingBytes == 0 {
 		r.RingBytes = d.RingBytes
 	}
@@ -283,6 +302,7 @@ func (r Run) Complete() Run {
 	list(&r.AgentLabels, d.AgentLabels)
 	list(&r.PreemptModeNamespaces, d.PreemptModeNamespaces)
 	list(&r.PreemptModeContainers, d.PreemptModeContainers)
+	list(&r.PriorityClasses, d.PriorityClasses)
 	list(&r.CDISpecDirs, d.CDISpecDirs)
 	list(&r.CgroupParents, d.CgroupParents)
 	list(&r.DRASharedGPUs, d.DRASharedGPUs)

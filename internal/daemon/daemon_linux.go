@@ -31,7 +31,9 @@ import (
 	"github.com/gpud/gpud/internal/preempt"
 	"github.com/gpud/gpud/internal/preempt/executor"
 	"github.com/gpud/gpud/internal/preempt/journal"
+	"github.com/gpud/gpud/internal/preempt/kill"
 	"github.com/gpud/gpud/internal/sharing"
+	"github.com/gpud/gpud/internal/sharing/compute"
 	"github.com/gpud/gpud/internal/workload"
 	"github.com/gpud/gpud/internal/workload/sources"
 )
@@ -79,6 +81,7 @@ type Daemon struct {
 	plugin   *deviceplugin.Plugin
 	sources  workload.Listings
 	shares   *sharing.Enforcer       // nil without a share book
+	compute  *compute.Controller     // the compute shares' scheduler; nil without a share book
 	runners  []func(context.Context) // the optional parts that run until gpud stops
 
 	metrics *metrics.Metrics
@@ -146,8 +149,8 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 		Watch:    func(pid int) error { return d.mon.WatchProcess(uint32(pid)) },
 		Classify: d.registry.ClassifyProc,
 		Drained:  d.gate.Drained,
-		// Holders found by a resync are judged at once (once Judge started).
-		Resynced: func() { d.gate.Rejudge("found holding at a /proc resync") },
+		Resynced: func() { d.gate.Rejudge("found holding at a /proc resync") }, // judged at once (once Judge started)
+		Thread:   kill.NewEventThread(log),
 	}
 	d.tracker.Opened, d.tracker.Gate = d.gate.Counting(opens.Count)
 	st := d.mon.Hooks() // what the kernel does not report, the tracker re-reads
@@ -230,6 +233,7 @@ func (d *Daemon) decorate(f *v1.StateFile) {
 	}
 	d.dra.Decorate(f)
 	d.shares.Decorate(f)
+	d.compute.Decorate(f)
 }
 
 // Ready reports whether the first reconciliation is done and events flow.
@@ -353,7 +357,7 @@ func (d *Daemon) setupWorkloads(cgroupRoot string) error {
 	var err error
 	d.registry, err = workload.NewRegistry(cfg.DefaultPriority,
 		workload.Agents{Comms: cfg.AgentComms, Namespaces: cfg.AgentNamespaces, Labels: cfg.AgentLabels},
-		workload.PreemptModes{Namespaces: cfg.PreemptModeNamespaces, Containers: cfg.PreemptModeContainers}, d.log)
+		workload.PreemptModes{Namespaces: cfg.PreemptModeNamespaces, Containers: cfg.PreemptModeContainers}, cfg.PriorityClasses, d.log)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}

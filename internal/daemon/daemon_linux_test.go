@@ -121,7 +121,7 @@ func (e *env) groundTruth() table {
 // accepts it, and fails the test with both tables otherwise.
 func (e *env) settle(what string, check func(table) error) {
 	e.t.Helper()
-	deadline := time.Now().Add(e.settleFor)
+	deadline := time.Now().Add(testutil.Wait(e.settleFor))
 	for {
 		ledger, truth := e.d.Ledger().FDTable(), e.groundTruth()
 		err := check(truth)

@@ -34,7 +34,14 @@ func TestMain(m *testing.M) {
 		runHelper()
 		return
 	}
-	os.Exit(m.Run())
+	stopLoad, err := startLoad()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	code := m.Run()
+	stopLoad()
+	os.Exit(code)
 }
 
 func runHelper() {

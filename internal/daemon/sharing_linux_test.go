@@ -138,7 +138,7 @@ func TestShareOverIsWarnedThenPreemptedForAPodWithinItsShare(t *testing.T) {
 		}
 		return false
 	})
-	if kill.Rule != sharing.Rule || kill.Victim.PID != low.h.pid() || kill.Victim.PodUID != low.uid || kill.Preemptor.PodUID != high.uid || kill.GPU != 0 {
+	if kill.Rule != preempt.RuleSharedHigh || kill.Victim.PID != low.h.pid() || kill.Victim.PodUID != low.uid || kill.Preemptor.PodUID != high.uid || kill.GPU != 0 {
 		t.Errorf("kill record %+v, want the low pod's process under the share rule, for the high pod", kill)
 	}
 	if dead(high.h.pid()) {

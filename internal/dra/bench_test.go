@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
+	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/safefs"
 	"github.com/gpud/gpud/internal/sharing"
 	"github.com/gpud/gpud/internal/testutil"
@@ -92,7 +93,7 @@ func BenchmarkPrepareClaim(b *testing.B) {
 }
 
 // BenchmarkPublishAfterHealthChange: a GPU turns unhealthy → the
-// ResourceSlice without it is written to the API server (client-go's fake
+// ResourceSlice with its device taint is written to the API server (client-go's fake
 // clientset: gpud's own path, not an API server's latency), against the
 // floor of one direct update of a ResourceSlice on the same client.
 func BenchmarkPublishAfterHealthChange(b *testing.B) {
@@ -106,6 +107,9 @@ func BenchmarkPublishAfterHealthChange(b *testing.B) {
 		defer mu.Unlock()
 		g := testGPUs()
 		g[1].Offered = healthy
+		if !healthy {
+			g[1].Taint = healthTaint(occupancy.GPUHealth{Unhealthy: true, Reason: "XID 48"})
+		}
 		return g
 	}
 	d, err := New(Config{NodeName: "node1", Client: cs, CDIDir: filepath.Join(dir, "cdi"), StateDir: filepath.Join(dir, "state"),
@@ -130,7 +134,13 @@ func BenchmarkPublishAfterHealthChange(b *testing.B) {
 		}
 		for _, s := range l.Items {
 			if s.Spec.Driver == DriverName {
-				return len(s.Spec.Devices)
+				n := 0 // untainted
+				for _, dev := range s.Spec.Devices {
+					if len(dev.Taints) == 0 {
+						n++
+					}
+				}
+				return n
 			}
 		}
 		return -1

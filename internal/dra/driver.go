@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -66,6 +67,15 @@ type GPU struct {
 	// unhealthy GPU, one not in the shared list).
 	Offered bool
 	Why     string
+	// Taint, set on a shared GPU found unhealthy (Offered false), keeps it
+	// in the slice with this device taint, so that claims and the
+	// scheduler see why (health.go).
+	Taint *resourceapi.DeviceTaint
+	// PCIBusID is NVML's PCI bus id in sysfs's form (0000:3b:00.0); ""
+	// without it. NVLinkGroup is the lowest NVML index of the GPUs it is
+	// joined to by NVLink, itself included; nil without an active NVLink.
+	PCIBusID    string
+	NVLinkGroup *int
 }
 
 // deviceName is the GPU's device name in the slice: its UUID in lower
@@ -98,6 +108,8 @@ type Config struct {
 	// the environment.
 	NVIDIACDI  func(kind, name string) bool
 	NVIDIAKind string
+	// SysDir is where sysfs is, for the PCIe root of a GPU ("" is /sys).
+	SysDir string
 	// GPUs lists the node's GPUs now; Changed is kicked when they may
 	// have changed (health, memory, the set).
 	GPUs func() []GPU
@@ -125,6 +137,14 @@ type Driver struct {
 	// nodeShared is the node's gpud.io/shared-gpus label, split; nil
 	// without it.
 	nodeShared []string
+	// roots caches each PCI bus id's PCIe root (compute.go).
+	rootMu sync.Mutex
+	roots  map[string]rootOf
+	// totals is each device's last memory from NVML (memoryOf).
+	totals map[string]uint64
+	// noTaints: the API server dropped device taints (DRADeviceTaints
+	// off), so an unhealthy GPU leaves the slice instead.
+	noTaints atomic.Bool
 }
 
 // SharedLabel is the node label that overrides --dra-shared-gpus on that
@@ -173,6 +193,7 @@ type Stats struct {
 	Published                                                       uint64
 	LastPublish                                                     time.Time
 	Claims, Offered                                                 int // prepared claims, devices in the slice
+	Tainted                                                         int // devices in the slice with a health taint
 }
 
 // claimRecord is one prepared claim in the checkpoint.
@@ -295,11 +316,18 @@ func (d *Driver) Stats() Stats {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	s := d.stats
-	s.Claims, s.Offered = len(d.claims), len(d.pub)
+	s.Claims = len(d.claims)
+	for _, dev := range d.pub {
+		if len(dev.Taints) > 0 {
+			s.Tainted++
+		} else {
+			s.Offered++
+		}
+	}
 	return s
 }
 
-// Offers reports whether GPU index is in the slice now (shared); a nil
+// Offers reports whether GPU index is in the slice now (shared), untainted; a nil
 // Driver (no DRA) offers none.
 func (d *Driver) Offers(index int) bool {
 	if d == nil {
@@ -308,7 +336,7 @@ func (d *Driver) Offers(index int) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for _, dev := range d.pub {
-		if idx, ok := d.pubIndex[dev.Name]; ok && idx == index {
+		if idx, ok := d.pubIndex[dev.Name]; ok && idx == index && len(dev.Taints) == 0 {
 			return true
 		}
 	}
@@ -404,11 +432,13 @@ func Served(c kubernetes.Interface) error {
 }
 
 // Devices returns the slice's devices for gpus: each offered GPU with its
-// attributes and its memory, less the reserve, as a consumable capacity.
+// attributes and its memory, less the reserve, as a consumable capacity;
+// a tainted one with its taint.
 func (d *Driver) Devices(gpus []GPU) []resourceapi.Device {
 	var out []resourceapi.Device
 	for _, g := range gpus {
-		if !g.Offered || g.UUID == "" || g.MemoryTotal <= d.cfg.Reserve {
+		total := d.memoryOf(g)
+		if !g.Offered && (g.Taint == nil || d.noTaints.Load()) || g.UUID == "" || total <= d.cfg.Reserve {
 			continue
 		}
 		policy := &resourceapi.CapacityRequestPolicy{
@@ -430,10 +460,12 @@ func (d *Driver) Devices(gpus []GPU) []resourceapi.Device {
 				"driverVersion": {StringValue: ptr.To(g.DriverVersion)},
 			},
 			Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
-				MemoryCapacity: {Value: *qty(g.MemoryTotal - d.cfg.Reserve), RequestPolicy: policy},
+				MemoryCapacity: {Value: *qty(total - d.cfg.Reserve), RequestPolicy: policy},
 			},
 			AllowMultipleAllocations: ptr.To(true),
+			Taints:                   taintsOf(g),
 		})
+		d.computeAndTopology(&out[len(out)-1], g)
 	}
 	return out
 }
@@ -533,7 +565,7 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 				d.cfg.Book.Set(string(c.UID), rec.Shares)
 				for _, s := range rec.Shares {
 					d.cfg.Log.Info("claim prepared", "claim", c.Namespace+"/"+c.Name, "claim_uid", string(c.UID),
-						"gpu", s.GPU, "uuid", s.UUID, "memory_mib", s.Bytes>>20, "pods", len(s.Pods))
+						"gpu", s.GPU, "uuid", s.UUID, "memory_mib", s.Bytes>>20, "compute_percent", s.Compute, "hard_cap", s.HardCap, "pods", len(s.Pods))
 				}
 			}
 		}
@@ -635,6 +667,10 @@ func (d *Driver) prepareOne(c *resourceapi.ResourceClaim, gpus map[string]GPU) (
 		return rec, fmt.Errorf("dra: claim %s/%s is not allocated", c.Namespace, c.Name)
 	}
 	pods := reservedPods(c)
+	caps, err := hardCaps(c)
+	if err != nil {
+		return rec, err
+	}
 	for _, r := range c.Status.Allocation.Devices.Results {
 		if r.Driver != DriverName {
 			continue
@@ -647,6 +683,10 @@ func (d *Driver) prepareOne(c *resourceapi.ResourceClaim, gpus map[string]GPU) (
 		if !ok || q.Sign() <= 0 {
 			return rec, fmt.Errorf("dra: device %s for request %s: %w", r.Device, r.Request, ErrNoCapacity)
 		}
+		compute, err := consumedCompute(r, caps[r.Request])
+		if err != nil {
+			return rec, fmt.Errorf("dra: claim %s/%s: %w", c.Namespace, c.Name, err)
+		}
 		pd := preparedDevice{Requests: []string{r.Request}, Pool: r.Pool, Device: r.Device}
 		if r.ShareID != nil {
 			pd.ShareID = string(*r.ShareID)
@@ -654,7 +694,7 @@ func (d *Driver) prepareOne(c *resourceapi.ResourceClaim, gpus map[string]GPU) (
 		rec.Devices = append(rec.Devices, pd)
 		rec.Shares = append(rec.Shares, sharing.Share{
 			ClaimUID: string(c.UID), ClaimNamespace: c.Namespace, ClaimName: c.Name, Request: r.Request,
-			GPU: g.Index, UUID: g.UUID, Bytes: uint64(q.Value()), Pods: pods,
+			GPU: g.Index, UUID: g.UUID, Bytes: uint64(q.Value()), Compute: compute, HardCap: caps[r.Request], Pods: pods,
 		})
 	}
 	if len(rec.Devices) == 0 {
@@ -854,5 +894,8 @@ func (d *Driver) podsAlive(ctx context.Context, rec claimRecord) bool {
 // HandleError logs the helper's background errors; they are all
 // retried by it (publishing), none stops gpud.
 func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
+	if d.taintsDropped(err) {
+		return
+	}
 	d.cfg.Log.Error("DRA driver: "+msg, "error", err)
 }

@@ -38,7 +38,8 @@ type GPUSource struct {
 	Driver *Driver
 }
 
-// GPUs lists the GPUs to publish now, each offered or with why not.
+// GPUs lists the GPUs to publish now, each offered or with why not; a
+// shared GPU found unhealthy with its device taint.
 func (s *GPUSource) GPUs() []GPU {
 	snap := s.Ledger.Snapshot(time.Now())
 	version := s.DriverVersion()
@@ -49,6 +50,7 @@ func (s *GPUSource) GPUs() []GPU {
 		if g.NVMLIndex != nil {
 			dg.NVMLIndex = *g.NVMLIndex
 		}
+		dg.PCIBusID, dg.NVLinkGroup = g.PCIBusID, g.NVLinkGroup
 		if g.Memory != nil {
 			dg.MemoryTotal = g.Memory.Total
 		}
@@ -59,6 +61,7 @@ func (s *GPUSource) GPUs() []GPU {
 			dg.Why = "no UUID from NVML"
 		case g.Health.Unhealthy:
 			dg.Why = "unhealthy: " + g.Health.Reason
+			dg.Taint = healthTaint(g.Health)
 		case g.Memory == nil:
 			dg.Why = "memory not known yet"
 		default:
@@ -113,6 +116,8 @@ func (d *Driver) RegisterMetrics(reg prometheus.Registerer) {
 			stat(func(s Stats) float64 { return float64(s.Claims) })),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name("devices_offered"), Help: "GPUs in this node's ResourceSlice of driver gpud.io (shared, healthy, memory known)."},
 			stat(func(s Stats) float64 { return float64(s.Offered) })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name("devices_tainted"), Help: "GPUs in this node's ResourceSlice with a gpud.io/unhealthy device taint (shared, found unhealthy)."},
+			stat(func(s Stats) float64 { return float64(s.Tainted) })),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name("slice_publishes_total"), Help: "ResourceSlice contents handed to the API server (each change of the shared GPUs)."},
 			stat(func(s Stats) float64 { return float64(s.Published) })),
 	)

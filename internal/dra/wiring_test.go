@@ -88,7 +88,7 @@ func TestDriverMetricsAndState(t *testing.T) {
 		}
 	}
 	for name, v := range map[string]float64{
-		"gpud_dra_claims_prepared": 0, "gpud_dra_devices_offered": 0, "gpud_dra_slice_publishes_total": 0,
+		"gpud_dra_claims_prepared": 0, "gpud_dra_devices_offered": 0, "gpud_dra_devices_tainted": 0, "gpud_dra_slice_publishes_total": 0,
 		"gpud_dra_prepares_total,result=prepared": 3, "gpud_dra_prepares_total,result=already": 0, "gpud_dra_prepares_total,result=failed": 0,
 		"gpud_dra_unprepares_total,by=kubelet": 1, "gpud_dra_unprepares_total,by=collected": 1,
 	} {
@@ -96,8 +96,8 @@ func TestDriverMetricsAndState(t *testing.T) {
 			t.Errorf("%s = %v (present %v), want %v", name, g, ok, v)
 		}
 	}
-	if len(got) != 8 {
-		t.Errorf("%d series, want 8: %v", len(got), got)
+	if len(got) != 9 {
+		t.Errorf("%d series, want 9: %v", len(got), got)
 	}
 	f := &v1.StateFile{GPUs: []v1.StateGPU{{Index: 0, UUID: "GPU-a"}}}
 	drv.Decorate(f)

@@ -102,7 +102,16 @@ func (c *Controller) Explain(pid int) (*v1.Explanation, error) {
 		if cg, ok := c.Reservation(g.Index); ok {
 			eg.ReservedFor = cg
 		}
-		c.judge(&eg, class, lows, slices.Contains(ancestors, eg.ReservedFor) || eg.ReservedFor == info.CgroupID)
+		if c.shared(g.Index) {
+			c.judgeShared(&eg, class, known && reason != workload.ReasonAgent, c.sharerOf(g.Index, append([]uint64{info.CgroupID}, ancestors...)))
+		} else {
+			c.judge(&eg, class, lows, slices.Contains(ancestors, eg.ReservedFor) || eg.ReservedFor == info.CgroupID)
+		}
+		if c.ComputeShare != nil && info.PodUID != "" {
+			if cs, ok := c.ComputeShare(g.Index, info.PodUID); ok {
+				eg.Compute = &cs
+			}
+		}
 		e.GPUs = append(e.GPUs, eg)
 	}
 	if s, ok := c.Exec.SuspendedPID(pid); ok {
@@ -134,6 +143,38 @@ func (c *Controller) judge(g *v1.ExplainGPU, class occupancy.Priority, lows []in
 	}
 	if v.ReclaimOpener {
 		g.Effects = append(g.Effects, "the refusal is recorded; it waits for the GPU (earliest request first)"+c.reclaimWords("its"))
+	}
+}
+
+// sharedNoShareRule names the kernel's refusal of a shared GPU to a
+// workload without a share of it (the fence; IntruderRule when one got in).
+const sharedNoShareRule = "shared, no share of it: deny"
+
+// judgeShared fills in the verdict for an open of the shared GPU g by a
+// process of class: a sharer gets the rule table's shared rows, a workload
+// without a share is refused by the kernel's fence; agents and host
+// processes are let through. workload: a known workload, not an agent.
+func (c *Controller) judgeShared(g *v1.ExplainGPU, class occupancy.Priority, workload, sharer bool) {
+	g.Shared = true
+	if !c.Monitoring() || !c.Enforce {
+		g.Allow, g.Rule = true, "enforcement off: allow"
+		return
+	}
+	if !sharer {
+		if workload || class == occupancy.High || class == occupancy.Low {
+			g.Allow, g.Rule = false, sharedNoShareRule
+			return
+		}
+		g.Allow, g.Rule = true, "unmanaged opener: allow"
+		return
+	}
+	v := preempt.Decide(preempt.Holding{Shared: true, High: g.HighHolders > 0, Low: g.LowHolders > 0}, class)
+	g.Allow, g.Rule = v.Allow, v.Rule
+	switch v.PreemptSharers {
+	case preempt.SharersLow:
+		g.Effects = append(g.Effects, "when it needs the memory of its share that lower-class sharers use, the low-priority sharers are preempted (--preempt-mode), those over their share first; compute: the time-slice scheduler, which never throttles it")
+	case preempt.SharersOver:
+		g.Effects = append(g.Effects, "when it needs the memory of its share, the low-priority sharers over theirs are preempted; compute: the time-slice scheduler")
 	}
 }
 
@@ -174,10 +215,7 @@ func (c *Controller) why(w workload.Workload, known bool, class occupancy.Priori
 		}
 		return fmt.Sprintf("label %s=%s on its %s", workload.LabelPriority, class, what)
 	case workload.ReasonOverride:
-		c.mu.Lock()
-		loans := c.loans
-		c.mu.Unlock()
-		if loans != nil {
+		if loans := c.loans(); loans != nil {
 			switch gpu, role, _ := loans.Role(w.PodUID); role {
 			case "borrower":
 				return fmt.Sprintf("borrower of lent GPU %d: forced low whatever its label", gpu)
@@ -191,6 +229,8 @@ func (c *Controller) why(w workload.Workload, known bool, class occupancy.Priori
 			return fmt.Sprintf("a container gpud does not know: --default-priority (%s)", class)
 		}
 		return fmt.Sprintf("no valid %s label on its %s: --default-priority (%s)", workload.LabelPriority, what, class)
+	case workload.ReasonPriorityClass:
+		return fmt.Sprintf("its pod's priority (PriorityClass) is %s by --priority-classes, over any %s label", class, workload.LabelPriority)
 	}
 	return "not in a container: host processes are never managed"
 }

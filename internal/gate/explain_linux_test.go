@@ -145,3 +145,39 @@ func TestExplainNoSuchProcess(t *testing.T) {
 		t.Fatalf("Explain of a PID with no process: %v, want ErrNoSuchProcess", err)
 	}
 }
+
+// On a GPU shared by DRA claims the rule table's shared rows apply, not the
+// held-by rows: a high sharer's open names the row that preempts low
+// sharers (over-share first), a low sharer's the share row, and a workload
+// without a share of the GPU is refused by the fence.
+func TestExplainSharedGPUSaysTheSharedRow(t *testing.T) {
+	r := newRig(t, 0, 1)
+	proc, cg := fakeProc(t, 4242, "serve", "/system.slice/docker-"+explainedCtr+".scope")
+	r.c.Proc = proc
+	r.reg.put(workload.Workload{ContainerID: explainedCtr, Priority: occupancy.High, CgroupID: cg})
+	r.ledger.hold(0, r.pod(101, 11, occupancy.Low))
+	r.ledger.hold(1, r.pod(102, 12, occupancy.Low))
+	r.c.FenceShares([]int{0, 1}, map[uint64][]int{cg: {0}, 11: {0}})
+	e, err := r.c.Explain(4242)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g := e.GPUs[0]; !g.Shared || !g.Allow || g.Rule != preempt.RuleSharedHigh || len(g.Effects) != 1 ||
+		!strings.Contains(g.Effects[0], "over their share first") || !strings.Contains(g.Effects[0], "time-slice") {
+		t.Errorf("GPU 0, shared, a high sharer: %+v", g)
+	}
+	if g := e.GPUs[1]; !g.Shared || g.Allow || g.Rule != sharedNoShareRule {
+		t.Errorf("GPU 1, shared, no share of it: %+v", g)
+	}
+	r.reg.put(workload.Workload{ContainerID: explainedCtr, Priority: occupancy.Low, CgroupID: cg})
+	if e, err = r.c.Explain(4242); err != nil {
+		t.Fatal(err)
+	}
+	if g := e.GPUs[0]; !g.Allow || g.Rule != preempt.RuleSharedLow || len(g.Effects) != 1 || strings.Contains(g.Effects[0], "over their share first") {
+		t.Errorf("GPU 0, shared, a low sharer: %+v", g)
+	}
+	// A class from the pod's PriorityClass says so.
+	if got := r.c.why(workload.Workload{PodUID: "u1"}, true, occupancy.High, workload.ReasonPriorityClass); !strings.Contains(got, "is high by --priority-classes") {
+		t.Errorf("why: %q", got)
+	}
+}

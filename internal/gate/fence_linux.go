@@ -92,6 +92,25 @@ func (c *Controller) fenceLocked(want map[uint64][]int) {
 	}
 }
 
+// sharerOf reports whether one of cgroups (a process's cgroup and its
+// ancestors) is fenced in to gpu: it holds a share of it.
+func (c *Controller) sharerOf(gpu int, cgroups []uint64) bool {
+	var one bpf.GPUSet
+	one.Add(gpu)
+	c.fences.mu.Lock()
+	defer c.fences.mu.Unlock()
+	for _, cg := range cgroups {
+		if s, ok := c.fences.set[cg]; ok {
+			for i := range s {
+				if s[i]&one[i] != 0 {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
 // shareRefused handles the kernel's refusal of a shared GPU to a workload
 // without a share of it: counted, logged once per workload and GPU.
 func (c *Controller) shareRefused(ev *bpf.Event) {

@@ -123,6 +123,9 @@ type Controller struct {
 	// SharedOpened is called when a GPU shared by memory was opened (the
 	// daemon's share judgement then finds holders without a share).
 	SharedOpened func(gpu int)
+	// ComputeShare is pod podUID's share of GPU gpu's compute, when the
+	// compute scheduler shares it (explain shows it); nil: none.
+	ComputeShare func(gpu int, podUID string) (v1.StateComputeShare, bool)
 	// ShareRefusals counts opens of a shared GPU the kernel refused to a
 	// workload without a share of it (reports, at most one per workload
 	// and GPU per 100 ms).
@@ -131,8 +134,11 @@ type Controller struct {
 	judging atomic.Bool // Rejudge acts (Judge was called)
 	fences  fences      // sharing pods' GPUs, as the kernel has them
 
-	ctx   context.Context
-	loans Loans
+	// started: Start's context and lender, read without mu: the event
+	// thread's preemption path reads them, and mu is held by Sync (map
+	// writes, the ledger's counts) from a goroutine at normal priority,
+	// which a busy node preempts for milliseconds at a time.
+	started atomic.Pointer[startedWith]
 
 	mu        sync.Mutex
 	waiters   map[int][]waiter // GPU → denied low-priority requests, oldest first
@@ -159,9 +165,20 @@ type waiter struct {
 // Start sets the context preemptions run under (the daemon's) and the
 // lender (nil without lending); call it before events flow.
 func (c *Controller) Start(ctx context.Context, loans Loans) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.ctx, c.loans = ctx, loans
+	c.started.Store(&startedWith{ctx: ctx, loans: loans})
+}
+
+type startedWith struct {
+	ctx   context.Context
+	loans Loans
+}
+
+// loans is the lender Start was given (nil: none, or not started).
+func (c *Controller) loans() Loans {
+	if s := c.started.Load(); s != nil {
+		return s.loans
+	}
+	return nil
 }
 
 func (c *Controller) init() {
@@ -172,26 +189,19 @@ func (c *Controller) init() {
 }
 
 func (c *Controller) context() context.Context {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.ctx == nil {
-		return context.Background()
+	if s := c.started.Load(); s != nil && s.ctx != nil {
+		return s.ctx
 	}
-	return c.ctx
+	return context.Background()
 }
 
 func (c *Controller) lent(gpu int) bool {
-	c.mu.Lock()
-	l := c.loans
-	c.mu.Unlock()
+	l := c.loans()
 	return l != nil && l.IsLent(gpu)
 }
 
 func (c *Controller) takeBack(gpu int) {
-	c.mu.Lock()
-	l := c.loans
-	c.mu.Unlock()
-	if l != nil {
+	if l := c.loans(); l != nil {
 		l.TakeBack(gpu)
 	}
 }
@@ -550,7 +560,7 @@ func (c *Controller) Sync() {
 				"cgroup_id", c.reserved[gpu].cgroupID, "container_id", c.reserved[gpu].containerID, "ttl", c.TTL)
 		}
 		p := bpf.GPUPolicy{Low: n.Low}
-		if Holding(n, c.loans != nil && c.loans.IsLent(gpu)).High {
+		if Holding(n, c.lent(gpu)).High {
 			p.High = n.High
 		}
 		if c.shared(gpu) {
@@ -571,7 +581,7 @@ func (c *Controller) Sync() {
 		c.last[gpu], c.lastConf[gpu] = p, mono
 	}
 	// Suspended workloads whose GPUs high priority let go run again.
-	loans := c.loans
+	loans := c.loans()
 	c.Exec.Resume(func(gpu int) preempt.Holding {
 		return Holding(c.Ledger.Counts()[gpu], loans != nil && loans.IsLent(gpu))
 	})

@@ -52,6 +52,23 @@ func sharesOf(in []v1.StateShare) []Share {
 	return out
 }
 
+// computeOf is a GPU's compute shares, one per pod (the first of two
+// with the same name: one series each).
+func computeOf(in []v1.StateComputeShare) []ComputeShare {
+	var out []ComputeShare
+	seen := map[[2]string]bool{}
+	for _, c := range in {
+		k := [2]string{c.PodNamespace, c.PodName}
+		if seen[k] {
+			continue
+		}
+		seen[k] = true
+		out = append(out, ComputeShare{Namespace: c.PodNamespace, Pod: c.PodName, TargetPercent: float64(c.TargetPercent),
+			UsedPercent: c.UsedPercent, ThrottledSeconds: c.ThrottledSeconds, Frozen: c.Frozen})
+	}
+	return out
+}
+
 // Verdicts of a GPU open and actions of a preemption record (label values).
 const (
 	VerdictAllow = "allow"
@@ -77,6 +94,17 @@ type GPU struct {
 	NVMLFailing []string
 	Lendable    *bool // nil without lending
 	Shares      []Share
+	Compute     []ComputeShare
+}
+
+// ComputeShare is one pod's share of a GPU's compute under the time-slice
+// scheduler.
+type ComputeShare struct {
+	Namespace, Pod   string
+	TargetPercent    float64
+	UsedPercent      float64
+	ThrottledSeconds float64
+	Frozen           bool // frozen by the scheduler now
 }
 
 // Share is one claim's share of a GPU's memory, for one pod.
@@ -209,6 +237,8 @@ type Metrics struct {
 	nvmlDegraded                                      *prometheus.Desc
 	nvml, leftAlone, lendable                         *prometheus.Desc
 	shareBytes, shareOver, shareOvers, sharePreempts  *prometheus.Desc
+	cShareTarget, cShareUsed, cShareThrottle          *prometheus.Desc
+	cShareFrozen                                      *prometheus.Desc
 	hooks                                             *prometheus.Desc
 	kmapEntries, kmapCapacity                         *prometheus.Desc
 }
@@ -277,6 +307,10 @@ func New(version string, src Source) *Metrics {
 		shareOver:       desc("gpu_memory_share_over", "1 while the pod uses more of the GPU's memory than its claim's share.", "gpu", "UUID", "device", "namespace", "pod", "claim"),
 		shareOvers:      desc("gpu_memory_share_overs_total", "Pods that went over their GPU memory share (each going over counted once)."),
 		sharePreempts:   desc("gpu_memory_share_preemptions_total", "Pods the share rule preempted: low priority, over their share, while a pod within its share needed the memory."),
+		cShareTarget:    desc("share_compute_target_percent", "A pod's share of the GPU's compute its DRA claims asked (percent of the GPU), under gpud's time-slice scheduler.", "gpu", "UUID", "device", "namespace", "pod"),
+		cShareUsed:      desc("share_compute_used_percent", "A pod's measured share of the GPU's compute (NVML per-process utilization, percent of the GPU), averaged over about a scheduling period.", "gpu", "UUID", "device", "namespace", "pod"),
+		cShareThrottle:  desc("share_compute_throttled_seconds_total", "Time the compute scheduler held the pod frozen on this GPU (since it began sharing it under this gpud).", "gpu", "UUID", "device", "namespace", "pod"),
+		cShareFrozen:    desc("share_compute_frozen", "1 while the compute scheduler holds the pod frozen (waiting for its turn, or over its hard cap).", "gpu", "UUID", "device", "namespace", "pod"),
 		hooks:           desc("kernel_hooks", "1 for the way GPU fds are observed: mode driver (nothing on the syscall path) or syscalls (every syscall on the node pays); complete false: some changes are found only by re-reading holders' fd tables; passed_fds: when a GPU fd passed by SCM_RIGHTS is seen, at receipt (kprobe, sock, syscalls) or at the periodic sweep (sweep).", "mode", "complete", "passed_fds"),
 		kmapEntries:     desc("kernel_map_entries", "Entries of a kernel map the protection depends on (cgroup_prio, expect_cgroup, share_fence, pending, holder_tgids), read every few seconds; a full one fails safe as docs/reliability.md says.", "map"),
 		kmapCapacity:    desc("kernel_map_capacity", "The entries a kernel map can hold (see gpud_kernel_map_entries).", "map"),
@@ -339,7 +373,7 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 		m.events, m.dropped, m.resyncs, m.registered, m.regs, m.lent, m.malformed, m.lookalikes, m.shareRefusals, m.ignoredLabels, m.reloadsRefused, m.monitoring, m.enforcing, m.gpuEnforced,
 		m.stateFailures, m.journalFailures, m.journalPending,
 		m.memTotal, m.memUsed, m.workloadMem, m.healthy, m.healthEv, m.nvmlDegraded, m.nvml, m.leftAlone, m.lendable,
-		m.shareBytes, m.shareOver, m.shareOvers, m.sharePreempts, m.hooks, m.kmapEntries, m.kmapCapacity} {
+		m.shareBytes, m.shareOver, m.shareOvers, m.sharePreempts, m.cShareTarget, m.cShareUsed, m.cShareThrottle, m.cShareFrozen, m.hooks, m.kmapEntries, m.kmapCapacity} {
 		ch <- d
 	}
 }
@@ -386,6 +420,12 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 			gauge(m.shareBytes, float64(sh.RequestedBytes), l.GPU, l.UUID, l.Device, sh.Namespace, sh.Pod, sh.Claim, "requested")
 			gauge(m.shareBytes, float64(sh.UsedBytes), l.GPU, l.UUID, l.Device, sh.Namespace, sh.Pod, sh.Claim, "used")
 			gauge(m.shareOver, b2f(sh.Over), l.GPU, l.UUID, l.Device, sh.Namespace, sh.Pod, sh.Claim)
+		}
+		for _, c := range g.Compute {
+			gauge(m.cShareTarget, c.TargetPercent, l.GPU, l.UUID, l.Device, c.Namespace, c.Pod)
+			gauge(m.cShareUsed, c.UsedPercent, l.GPU, l.UUID, l.Device, c.Namespace, c.Pod)
+			ch <- prometheus.MustNewConstMetric(m.cShareThrottle, prometheus.CounterValue, c.ThrottledSeconds, l.GPU, l.UUID, l.Device, c.Namespace, c.Pod)
+			gauge(m.cShareFrozen, b2f(c.Frozen), l.GPU, l.UUID, l.Device, c.Namespace, c.Pod)
 		}
 		byPrio := map[string]int{}
 		type wl struct{ ns, pod, ctr, prio string }
@@ -510,7 +550,7 @@ func GPUsOf(f v1.StateFile, now time.Time, names func(v1.StateHolder) (namespace
 			mh.Namespace, mh.Pod, mh.Container = names(h)
 			mg.Holders = append(mg.Holders, mh)
 		}
-		mg.Shares = sharesOf(g.Shares)
+		mg.Shares, mg.Compute = sharesOf(g.Shares), computeOf(g.ComputeShares)
 		gpus = append(gpus, mg)
 	}
 	return gpus, lent

@@ -85,3 +85,27 @@ pid pid=104 lock=hang
 		t.Error("a process the driver does not know has a state")
 	}
 }
+
+// Two libraries loaded one after the other through LoadCUDACheckpoint
+// (each through /proc/self/fd/N, as gpud loads a library it checked): the
+// second is the second file, not the first again. The dynamic loader knows
+// a loaded library by the name it was loaded under, so with the first's
+// descriptor closed and its number reused, dlopen gave back the first
+// library (the daemon tests' second CUDA double said "no checkpoint API",
+// the first one's script being gone).
+func TestCUDACheckpointLoadedThroughAReusedFD(t *testing.T) {
+	old := testutil.NewCUDADouble(t)
+	testutil.CUDAScript(t, old, "driver version=12040\n")
+	if _, err := nvidia.LoadCUDACheckpoint(nvidia.Load{Library: old, DriverRoot: "/"}); !errors.Is(err, nvidia.ErrNoCheckpoint) {
+		t.Fatalf("the first library (driver 12040): %v, want ErrNoCheckpoint", err)
+	}
+	lib := testutil.NewCUDADouble(t)
+	testutil.CUDAScript(t, lib, "driver version=12080\n")
+	c, err := nvidia.LoadCUDACheckpoint(nvidia.Load{Library: lib, DriverRoot: "/"})
+	if err != nil {
+		t.Fatalf("the second library (driver 12080): %v", err)
+	}
+	if c.Driver != 12080 {
+		t.Fatalf("the second library says driver %d, want 12080 (the first one loaded again?)", c.Driver)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 
 	"github.com/gpud/gpud/internal/safefs"
 	"golang.org/x/sys/unix"
@@ -150,10 +151,28 @@ func LoadCUDACheckpoint(load Load) (*CUDACheckpoint, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
+	holdLoaded(f)
 	c, err := OpenCUDACheckpoint(fmt.Sprintf("/proc/self/fd/%d", f.Fd()))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", f.Name(), err)
 	}
 	return c, nil
+}
+
+// loadedFiles are the library files loaded through /proc/self/fd/N and
+// never unloaded (libcuda: dlopen'd once, its handle kept; a failed open
+// leaves it loaded too), held open for the process's life. The dynamic
+// loader knows a library by the name it was loaded under, so with N
+// closed and reused, a later dlopen("/proc/self/fd/N") of another file
+// would get this library again (the daemon tests' second CUDA double got
+// the first one, whose directory was gone: "no checkpoint API").
+var loadedFiles struct {
+	sync.Mutex
+	files []*os.File
+}
+
+func holdLoaded(f *os.File) {
+	loadedFiles.Lock()
+	defer loadedFiles.Unlock()
+	loadedFiles.files = append(loadedFiles.files, f)
 }

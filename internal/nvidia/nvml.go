@@ -25,6 +25,11 @@ type NVML struct {
 	Lib  nvml.Interface
 	Load Load
 
+	// libFile is the file Lib was loaded from through /proc/self/fd/N,
+	// held open while it may be loaded: the dynamic loader knows it by
+	// that name, so N reused (libcuda's load) would get this library again.
+	libFile *os.File
+
 	info    Info
 	ownLib  bool                // Lib is the one open made: loaded again after Shutdown
 	devices map[int]nvml.Device // minor number → device
@@ -37,7 +42,10 @@ type NVML struct {
 	// NVML calls from multiple threads", nvml.h).
 	mu       sync.Mutex
 	lastSeen map[int]uint64 // per device: newest sample timestamp (µs)
-	missing  map[int]error  // NVML index → why Init could not reach it
+	// sharesSeen is lastSeen for SrcShares, sampled on its own: one
+	// reader's samples are not taken from the other.
+	sharesSeen map[int]uint64
+	missing    map[int]error // NVML index → why Init could not reach it
 }
 
 // valueNotAvailable is NVML_VALUE_NOT_AVAILABLE in an unsigned long long
@@ -68,6 +76,7 @@ func (n *NVML) Init() error {
 	if ret := n.Lib.Init(); ret != nvml.SUCCESS {
 		if n.ownLib && ret == nvml.ERROR_LIBRARY_NOT_FOUND {
 			n.Lib = nil // never loaded: the next Init opens the file again
+			n.closeLibFile()
 		}
 		return fmt.Errorf("%w: init: %v", ErrNVML, nvml.ErrorString(ret))
 	}
@@ -81,6 +90,7 @@ func (n *NVML) Init() error {
 	n.devices = map[int]nvml.Device{}
 	n.nvmlIdx = map[int]int{}
 	n.lastSeen = map[int]uint64{}
+	n.sharesSeen = map[int]uint64{}
 	n.missing = map[int]error{}
 	for i := 0; i < count; i++ {
 		d, minor, err := n.device(i)
@@ -166,8 +176,15 @@ func (n *NVML) open() (release func(), err error) {
 		f.Close()
 		return nil, fmt.Errorf("%w: loading %s: %w", ErrNVML, f.Name(), err)
 	}
-	n.Lib, n.ownLib = nvml.New(nvml.WithLibraryPath(fdPath)), true
-	return func() { _ = lib.Close(); f.Close() }, nil
+	n.Lib, n.ownLib, n.libFile = nvml.New(nvml.WithLibraryPath(fdPath)), true, f
+	return func() { _ = lib.Close() }, nil
+}
+
+func (n *NVML) closeLibFile() {
+	if n.libFile != nil {
+		n.libFile.Close()
+		n.libFile = nil
+	}
 }
 
 // Info says which library was loaded and the driver's version.
@@ -194,6 +211,7 @@ func (n *NVML) Annotate(gpus []occupancy.GPU) (unknown []int) {
 			gpus[i].Product = name
 		}
 	}
+	n.annotateTopology(gpus)
 	return unknown
 }
 
@@ -266,6 +284,32 @@ func processUtilization(d nvml.Device, seen uint64) (samples []nvml.ProcessUtili
 	return samples, ret
 }
 
+// shares is each process's mean SM utilization over the sample periods
+// samples cover, and the newest sample's time. A period is a timestamp:
+// the processes sampled together share it, and a process without a
+// sample in a period had no utilization in it ("only processes with
+// non-zero utilization", docs/real-gpu.md), so it counts 0 there. Per
+// period the processes' utilization sums to at most 100, so their means
+// do too.
+func shares(samples []nvml.ProcessUtilizationSample) (map[uint32]uint32, time.Time) {
+	periods := map[uint64]bool{}
+	sum := map[uint32]uint64{}
+	var newest uint64
+	for _, s := range samples {
+		periods[s.TimeStamp] = true
+		sum[s.Pid] += uint64(s.SmUtil)
+		newest = max(newest, s.TimeStamp)
+	}
+	out := make(map[uint32]uint32, len(sum))
+	for pid, v := range sum {
+		out[pid] = uint32(v / uint64(len(periods)))
+	}
+	if newest == 0 {
+		return out, time.Time{}
+	}
+	return out, time.UnixMicro(int64(newest))
+}
+
 func (n *NVML) sample(minor int, d nvml.Device, sources gpumon.Source) Reading {
 	r := Reading{Failed: map[gpumon.Source]error{}}
 	fail := func(s gpumon.Source, ret nvml.Return) {
@@ -302,6 +346,30 @@ func (n *NVML) sample(minor int, d nvml.Device, sources gpumon.Source) Reading {
 			// utilization is not currently supported" (nvml.h). This GPU's
 			// activity is then its opens; the others' are not touched.
 			fail(gpumon.SrcUtilization, ret)
+		}
+	}
+	if sources&gpumon.SrcShares != 0 {
+		n.mu.Lock()
+		seen := n.sharesSeen[minor]
+		n.mu.Unlock()
+		if seen == 0 {
+			// The first read: the driver's buffer holds seconds of
+			// samples, some of processes long gone; the last second is
+			// the GPU as it is now.
+			seen = uint64(time.Now().Add(-time.Second).UnixMicro())
+		}
+		samples, ret := processUtilization(d, seen)
+		switch ret {
+		case nvml.SUCCESS, nvml.ERROR_NOT_FOUND: // NOT_FOUND: no process used it since
+			r.Shares, r.SharesAt = shares(samples)
+			for _, s := range samples {
+				seen = max(seen, s.TimeStamp)
+			}
+			n.mu.Lock()
+			n.sharesSeen[minor] = max(n.sharesSeen[minor], seen)
+			n.mu.Unlock()
+		default:
+			fail(gpumon.SrcShares, ret) // NOT_SUPPORTED on a MIG-enabled GPU
 		}
 	}
 	if sources&gpumon.SrcMemory != 0 {
@@ -434,6 +502,12 @@ func (n *NVML) Shutdown() {
 	}
 	if n.ownLib {
 		n.Lib = nil // go-nvml closed it: the next Init opens the file again
+		// dlclose need not unload it (the NVML double stays): its name
+		// stays taken, and so its descriptor (holdLoaded).
+		if n.libFile != nil {
+			holdLoaded(n.libFile)
+			n.libFile = nil
+		}
 	}
 }
 

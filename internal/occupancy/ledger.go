@@ -53,6 +53,12 @@ type GPU struct {
 	// its Device is the instance's capability node, which its processes
 	// hold open beside their parent's /dev/nvidiaN (nil for a whole GPU).
 	MIG *MIGSlice
+	// PCIBusID is the GPU's PCI address as sysfs names it (0000:3b:00.0),
+	// from NVML; "" without it. NVLinkGroup is the lowest NVML index of
+	// the GPUs joined to it by active NVLinks (through NVSwitches too),
+	// itself included; nil when it has no active NVLink.
+	PCIBusID    string
+	NVLinkGroup *int
 }
 
 // MIGSlice is what makes a GPU a MIG instance: its parent GPU (left out of

@@ -38,6 +38,11 @@ type Tracker struct {
 	// Gate, when set, receives the gate's events (EventGateHigh, EventDeny,
 	// and EventOpen where the gate reports opens before their fd exists).
 	Gate func(*bpf.Event)
+	// Thread, when set, raises Run's OS thread above normal work: the
+	// gate's decisions reach user space through this thread, and on a
+	// node whose CPUs are all busy its wakeup from the ring buffer's wait
+	// was most of gpud's part of a preemption (docs/benchmarks.md).
+	Thread ThreadPriority
 	// Opened, when set, is called after a GPU open is recorded, with the
 	// holder's identity.
 	Opened func(info ProcInfo, gpu int, ev *bpf.Event)
@@ -480,11 +485,24 @@ func (t *Tracker) checkDrops(src EventSource) {
 	}
 }
 
+// ThreadPriority raises the priority of the goroutine that calls Enter
+// (locking it to its OS thread) until Leave; Tick, called with the time
+// after each wakeup's work, keeps the raised priority within a budget.
+type ThreadPriority interface {
+	Enter()
+	Tick(now time.Time)
+	Leave()
+}
+
 // Run reads events until ctx ends. Lost events are detected whenever the
 // ring buffer has been drained, and answered with a full resync.
 func (t *Tracker) Run(ctx context.Context, src EventSource) error {
 	if n, err := src.Dropped(); err == nil {
 		t.lastDrops = n
+	}
+	if t.Thread != nil {
+		t.Thread.Enter()
+		defer t.Thread.Leave()
 	}
 	var rec ringbuf.Record
 	var ev bpf.Event
@@ -514,6 +532,9 @@ func (t *Tracker) Run(ctx context.Context, src EventSource) error {
 			if t.Drained != nil {
 				t.Drained(t.confirmable(mono))
 			}
+		}
+		if t.Thread != nil {
+			t.Thread.Tick(now)
 		}
 	}
 	return nil

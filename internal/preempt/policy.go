@@ -13,6 +13,9 @@ import "github.com/gpud/gpud/internal/occupancy"
 type Holding struct {
 	High bool
 	Low  bool
+	// Shared: the GPU is shared by DRA claims (its sharers are fenced to
+	// it); the "shared" rows apply, whoever holds it.
+	Shared bool
 }
 
 // Verdict is the answer to one open.
@@ -23,13 +26,16 @@ type Verdict struct {
 	KillHolders bool
 	// ReclaimOpener: reclaim the (refused) opener's container asynchronously.
 	ReclaimOpener bool
+	// PreemptSharers: on a shared GPU, which low-priority sharers the
+	// opener's need for the memory of its share preempts (DecideShared).
+	PreemptSharers Sharers
 	// Rule names the row of the table that decided.
 	Rule string
 }
 
 // Rule is one row of the table.
 type Rule struct {
-	HeldBy  string             // "high", "low", "nobody": the strongest class holding the GPU
+	HeldBy  string             // "high", "low", "nobody": the strongest class holding the GPU; "shared": shared by DRA claims
 	Opener  occupancy.Priority // high or low; other classes are always allowed
 	Verdict Verdict
 }
@@ -42,6 +48,13 @@ var Rules = []Rule{
 	{"low", occupancy.Low, Verdict{Allow: true, Rule: "low-held/low-opens: share"}},
 	{"nobody", occupancy.High, Verdict{Allow: true, Rule: "free: allow"}},
 	{"nobody", occupancy.Low, Verdict{Allow: true, Rule: "free: allow"}},
+	// A shared GPU: its sharers open it (the kernel's fence refuses anyone
+	// else), and the need of a sharer within its share, memory the
+	// scheduler gave it that lower-class sharers use, preempts. A need for
+	// compute preempts nobody: the time-slice scheduler gives each sharer
+	// its compute, and never throttles a high one.
+	{"shared", occupancy.High, Verdict{Allow: true, PreemptSharers: SharersLow, Rule: RuleSharedHigh}},
+	{"shared", occupancy.Low, Verdict{Allow: true, PreemptSharers: SharersOver, Rule: RuleSharedLow}},
 }
 
 var unmanagedOpener = Verdict{Allow: true, Rule: "unmanaged opener: allow"}
@@ -56,6 +69,8 @@ func Decide(held Holding, opener occupancy.Priority) Verdict {
 	}
 	by := "nobody"
 	switch {
+	case held.Shared:
+		by = "shared"
 	case opener == occupancy.Low && held.High:
 		by = "high"
 	case opener == occupancy.High && held.Low:

@@ -37,11 +37,11 @@ func TestDecideEveryRow(t *testing.T) {
 
 // Every row of the table is reachable, and only the deny row refuses.
 func TestRulesTable(t *testing.T) {
-	if len(Rules) != 6 {
+	if len(Rules) != 8 {
 		t.Fatalf("%d rules", len(Rules))
 	}
 	for _, r := range Rules {
-		held := Holding{High: r.HeldBy == "high", Low: r.HeldBy == "low"}
+		held := Holding{High: r.HeldBy == "high", Low: r.HeldBy == "low", Shared: r.HeldBy == "shared"}
 		if got := Decide(held, r.Opener); got != r.Verdict {
 			t.Errorf("row %+v: Decide = %+v", r, got)
 		}

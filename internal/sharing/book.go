@@ -29,8 +29,15 @@ type Share struct {
 	UUID string `json:"uuid"`
 	// Bytes is the memory the scheduler allocated to the claim on the GPU
 	// (its consumed capacity).
-	Bytes uint64   `json:"bytes"`
-	Pods  []PodRef `json:"pods"`
+	Bytes uint64 `json:"bytes"`
+	// Compute is the percent of the GPU's compute the scheduler allocated
+	// to the claim (its consumed "compute" capacity); 0 when it asked none.
+	Compute int `json:"compute,omitempty"`
+	// HardCap: the claim asked never to get more than Compute, even when
+	// the rest of the GPU is idle (else unused compute goes to sharers
+	// that want it).
+	HardCap bool     `json:"hard_cap,omitempty"`
+	Pods    []PodRef `json:"pods"`
 }
 
 // Book is the set of shares of this node's prepared claims, keyed by

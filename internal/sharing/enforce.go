@@ -91,6 +91,9 @@ type Enforcer struct {
 	conflicts map[int]map[int]bool         // GPU → PIDs logged as conflicts
 	preempted map[string]bool              // pod UIDs the rule preempted (shown while their share lasts)
 	holders   map[int][]occupancy.ProcInfo // by GPU, as last judged
+	// settle: GPU → until when the share rule preempts no one more there,
+	// after it preempted (settleAfterPreempt).
+	settle map[int]time.Time
 
 	overs, preemptions atomic.Uint64
 }
@@ -110,7 +113,7 @@ func NewEnforcer(cfg EnforcerConfig) *Enforcer {
 	e := &Enforcer{
 		cfg: cfg, kick: make(chan struct{}, 1),
 		last: map[int]Judgement{}, over: map[overKey]bool{}, conflicts: map[int]map[int]bool{}, preempted: map[string]bool{},
-		holders: map[int][]occupancy.ProcInfo{},
+		holders: map[int][]occupancy.ProcInfo{}, settle: map[int]time.Time{},
 	}
 	cfg.Book.OnChange(func() {
 		e.Fence()
@@ -219,7 +222,10 @@ func (e *Enforcer) Enforce() {
 		// As the open rules: nothing is preempted under --enforce=false or
 		// with monitoring off; the warnings and the state still say who is
 		// over.
-		if e.cfg.Enforcing() && e.preemptForShares(dc.gpu, dc.j, holders[dc.gpu]) {
+		if e.cfg.Enforcing() && e.settled(dc.gpu) && e.preemptForShares(dc.gpu, dc.j, holders[dc.gpu]) {
+			e.mu.Lock()
+			e.settle[dc.gpu] = time.Now().Add(settleAfterPreempt)
+			e.mu.Unlock()
 			changed = true
 		}
 		if e.cfg.Enforcing() && e.preemptIntruders(dc.gpu, dc.j, holders[dc.gpu]) {
@@ -229,6 +235,21 @@ func (e *Enforcer) Enforce() {
 	if changed {
 		e.cfg.Changed()
 	}
+}
+
+// settleAfterPreempt is how long the share rule waits on a GPU after it
+// preempted there before it preempts again: NVML's used memory lags a
+// killed victim's exit (the driver tears its context down; the next
+// sample is up to a second away) while the victim is already gone from
+// the holders, so a judgement in between would see the need uncovered
+// still and take the next sharer, one within its share for a high need.
+const settleAfterPreempt = 2 * time.Second
+
+// settled reports whether the share rule may preempt on gpu again.
+func (e *Enforcer) settled(gpu int) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return !time.Now().Before(e.settle[gpu])
 }
 
 type shareDecision struct {
@@ -325,14 +346,18 @@ func (e *Enforcer) preemptForShares(gpu int, j Judgement, holders []occupancy.Pr
 				victims = append(victims, h)
 			}
 		}
-		if n := e.cfg.Preempter.PreemptForRule(gpu, by, victims, Rule, fmt.Sprintf("over its GPU memory share on GPU %d", gpu)); n > 0 {
+		rule, reason := j.Rules[uid], fmt.Sprintf("over its GPU memory share on GPU %d", gpu)
+		if !j.overPod(uid) {
+			reason = fmt.Sprintf("within its GPU memory share on GPU %d, whose memory a high-priority sharer needs", gpu)
+		}
+		if n := e.cfg.Preempter.PreemptForRule(gpu, by, victims, rule, reason); n > 0 {
 			acted = true
 			e.preemptions.Add(1)
 			e.mu.Lock()
 			e.preempted[uid] = true
 			e.mu.Unlock()
-			e.cfg.Log.Warn("preempting a pod over its GPU memory share: a pod within its share needs the memory",
-				"gpu", gpu, "pod_uid", uid, "processes", n, "need_bytes", j.Need, "free_bytes", j.Free, "for_pod_uid", by.PodUID)
+			e.cfg.Log.Warn("preempting a sharing pod: a pod within its share needs the memory",
+				"gpu", gpu, "pod_uid", uid, "rule", rule, "processes", n, "need_bytes", j.Need, "free_bytes", j.Free, "for_pod_uid", by.PodUID)
 		}
 	}
 	return acted
@@ -360,6 +385,16 @@ func (e *Enforcer) preemptIntruders(gpu int, j Judgement, holders []occupancy.Pr
 		e.cfg.Log.Warn("preempting workloads without a share from a GPU shared by memory", "gpu", gpu, "processes", n)
 	}
 	return n > 0
+}
+
+// overPod reports whether pod uid's share is over on this GPU.
+func (j Judgement) overPod(uid string) bool {
+	for _, u := range j.Uses {
+		if u.Over && podIn(u.Pods, uid) {
+			return true
+		}
+	}
+	return false
 }
 
 func podIn(pods []PodRef, uid string) bool {

@@ -10,6 +10,7 @@ import (
 
 	v1 "github.com/gpud/gpud/api/v1"
 	"github.com/gpud/gpud/internal/occupancy"
+	"github.com/gpud/gpud/internal/preempt"
 	"github.com/gpud/gpud/internal/workload"
 )
 
@@ -118,7 +119,8 @@ func TestEnforcerPreemptsLowPodOverItsShare(t *testing.T) {
 	r := newRig()
 	overShare(r)
 	r.e.Enforce()
-	want := []ruleCall{{gpu: 0, by: 10, victims: []int{20, 21}, rule: Rule}}
+	// A high sharer's need: the rule table's shared/high row.
+	want := []ruleCall{{gpu: 0, by: 10, victims: []int{20, 21}, rule: preempt.RuleSharedHigh}}
 	if !slicesEqualFunc(r.gate.rules, want) {
 		t.Fatalf("preemptions asked: %+v, want %+v", r.gate.rules, want)
 	}
@@ -275,4 +277,26 @@ func TestEnforcerNothingSharedAnyMore(t *testing.T) {
 	var none *Enforcer
 	none.Kick()
 	none.Decorate(f) // no book: no-ops
+}
+
+// After a preemption the rule waits on that GPU (settleAfterPreempt): the
+// victim is gone from the holders before NVML's used memory drops, and a
+// judgement in between must not take a sharer within its share for a
+// need the victim's memory is about to cover.
+func TestEnforcerWaitsForNVMLAfterAPreemption(t *testing.T) {
+	r := newRig()
+	r.book.Set("uid-a", []Share{share("a", 4*gib, "hi")})
+	r.book.Set("uid-b", []Share{share("b", 2*gib, "lo")})
+	r.book.Set("uid-c", []Share{share("c", 4*gib, "in")})
+	r.gpu0(10*gib, 9*gib, holder(10, "hi", occupancy.High, gib), holder(20, "lo", occupancy.Low, 7*gib), holder(30, "in", occupancy.Low, gib))
+	r.e.Enforce()
+	if want := []ruleCall{{gpu: 0, by: 10, victims: []int{20}, rule: preempt.RuleSharedHigh}}; !slicesEqualFunc(r.gate.rules, want) {
+		t.Fatalf("preemptions asked: %+v, want %+v", r.gate.rules, want)
+	}
+	// The victim gone, NVML not updated yet: the high pod still looks short.
+	r.gpu0(10*gib, 9*gib, holder(10, "hi", occupancy.High, gib), holder(30, "in", occupancy.Low, gib))
+	r.e.Enforce()
+	if len(r.gate.rules) != 1 {
+		t.Fatalf("preempted again before NVML could say what the first freed: %+v", r.gate.rules)
+	}
 }

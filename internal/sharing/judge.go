@@ -1,10 +1,8 @@
 package sharing
 
 import (
-	"cmp"
-	"slices"
-
 	v1 "github.com/gpud/gpud/api/v1"
+	"github.com/gpud/gpud/internal/preempt"
 )
 
 // Proc is one process holding a shared GPU, as the judge sees it: its pod,
@@ -51,6 +49,8 @@ type Use struct {
 	Priority v1.Priority
 	// Preempt: the rule chose its pods to be preempted now.
 	Preempt bool
+	// Rule names the row of the rule table that chose it ("" when none).
+	Rule string
 }
 
 // Judgement is the verdict on one shared GPU.
@@ -60,8 +60,10 @@ type Judgement struct {
 	// have not used yet; Free the GPU's free memory (0 when unknown).
 	Need, Free uint64
 	// Preempt are the pod UIDs to preempt, in the order they were chosen
-	// (largest overage first): low-priority pods over their share only.
+	// (preempt.DecideShared): low-priority pods, over their share first.
 	Preempt []string
+	// Rules names, for each pod UID in Preempt, the row that chose it.
+	Rules map[string]string
 	// Conflicts are holders that belong to no share: a whole-GPU owner
 	// another device plugin gave the GPU, or a host process. Reported,
 	// never preempted by the share rule.
@@ -76,11 +78,14 @@ type Judgement struct {
 //     (used < requested) and the GPU's free memory is less than the sum,
 //     over such shares, of what each was promised and has not used yet
 //     (requested - used): that sum is Need.
-//   - Then the low-priority shares over their share are preempted, largest
-//     overage first, until the memory they use (what preempting them is
-//     estimated to free) covers Need - Free. A share with a high-priority,
-//     unmanaged or unclassified process is never chosen: it is reported
-//     (Over), never preempted.
+//   - Then the rule table's shared rows choose (preempt.DecideShared): the
+//     low-priority shares over their share, largest overage first, until
+//     the memory they use (what preempting them is estimated to free)
+//     covers Need - Free; for a high-priority share's need, then also the
+//     low shares within theirs, the largest user first, until the high
+//     shares' need is covered. A share with a high-priority, unmanaged or
+//     unclassified process is never chosen: it is reported (Over), never
+//     preempted.
 //   - Holders in no share are Conflicts, never chosen.
 //
 // Judge is pure: data in, verdicts out.
@@ -124,49 +129,42 @@ func Judge(in Input) Judgement {
 		}
 		class[a] = stronger(class[a], prio)
 	}
-	for a := range n {
-		if used[a] < requested[a] {
-			j.Need = addSat(j.Need, requested[a]-used[a])
-		}
-	}
 	for i, s := range in.Shares {
 		a := acct[i]
 		j.Uses[i] = Use{Share: s, Requested: requested[a], Used: used[a], Over: used[a] > requested[a], Priority: class[a]}
 	}
+	// The shared rows of the rule table choose, by class and overage.
+	sharers := make([]preempt.Sharer, n)
+	for a := range n {
+		sharers[a] = preempt.Sharer{Class: class[a], Requested: requested[a], Used: used[a]}
+		if len(pods[a]) > 0 {
+			sharers[a].Key = pods[a][0]
+		}
+	}
+	free := uint64(0)
+	if in.Memory != nil {
+		free = in.Memory.free()
+	}
+	need, picks := preempt.DecideShared(sharers, free)
+	j.Need = need
 	if in.Memory == nil {
 		return j
 	}
-	j.Free = in.Memory.free()
-	if j.Free >= j.Need {
-		return j
-	}
-	// Candidates: low-priority accounts over their share, largest overage
-	// first; ties by their first pod's UID, so the choice is stable.
-	var cands []int
-	for a := range n {
-		if class[a] == v1.Low && used[a] > requested[a] && len(pods[a]) > 0 {
-			cands = append(cands, a)
+	j.Free = free
+	chosen := map[int]string{}
+	for _, p := range picks {
+		chosen[p.Sharer] = p.Rule
+		for _, uid := range pods[p.Sharer] {
+			j.Preempt = append(j.Preempt, uid)
+			if j.Rules == nil {
+				j.Rules = map[string]string{}
+			}
+			j.Rules[uid] = p.Rule
 		}
-	}
-	slices.SortFunc(cands, func(x, y int) int {
-		if c := cmp.Compare(used[y]-requested[y], used[x]-requested[x]); c != 0 {
-			return c
-		}
-		return cmp.Compare(pods[x][0], pods[y][0])
-	})
-	deficit := j.Need - j.Free
-	var freed uint64
-	chosen := map[int]bool{}
-	for _, a := range cands {
-		if freed >= deficit {
-			break
-		}
-		chosen[a] = true
-		freed = addSat(freed, used[a])
-		j.Preempt = append(j.Preempt, pods[a]...)
 	}
 	for i := range j.Uses {
-		j.Uses[i].Preempt = chosen[acct[i]]
+		j.Uses[i].Rule = chosen[acct[i]]
+		j.Uses[i].Preempt = j.Uses[i].Rule != ""
 	}
 	return j
 }
@@ -241,5 +239,7 @@ func addSat(a, b uint64) uint64 {
 	return a + b
 }
 
-// Rule names the share rule in preemption records (their rule field).
-const Rule = "over its GPU memory share: preempt"
+// Rule names the share rule for a low (or unmanaged) sharer's need in
+// preemption records (their rule field); a high sharer's need is
+// preempt.RuleSharedHigh.
+const Rule = preempt.RuleSharedLow

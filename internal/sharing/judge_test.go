@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	v1 "github.com/gpud/gpud/api/v1"
+	"github.com/gpud/gpud/internal/preempt"
 )
 
 const gib = uint64(1) << 30
@@ -214,4 +215,32 @@ func FuzzJudge(f *testing.F) {
 			}
 		}
 	})
+}
+
+// Sharers are judged by class: a high sharer's need preempts the low
+// sharers over their share first, and only then, while its need is not
+// covered, a low sharer within its share; each choice names its row.
+func TestJudgeHighSharerNeedPreemptsLowSharers(t *testing.T) {
+	// The case: the low sharer 2 GiB over its share, the GPU full,
+	// the high sharer 2 GiB short of its share.
+	in := Input{Shares: []Share{share("in", 4*gib, "pin"), share("over", 4*gib, "pover"), share("high", 8*gib, "ph")},
+		Procs:  []Proc{proc(1, "pin", v1.Low, 4*gib), proc(2, "pover", v1.Low, 6*gib), proc(3, "ph", v1.High, 6*gib)},
+		Memory: mem(16*gib, 16*gib)}
+	j := Judge(in)
+	if !slices.Equal(j.Preempt, []string{"pover"}) || j.Rules["pover"] != preempt.RuleSharedHigh || j.Uses[0].Preempt || !j.Uses[1].Preempt || j.Uses[1].Rule != preempt.RuleSharedHigh {
+		t.Fatalf("preempt %v rules %v uses %+v: want only the over-share low, under the high row", j.Preempt, j.Rules, j.Uses)
+	}
+	// No low sharer over its share: the high need takes the in-share low.
+	in.Procs[1].Memory = 4 * gib
+	in.Procs[2].Memory = 0
+	in.Memory = mem(16*gib, 12*gib) // 4 GiB free, the high sharer owed 8
+	j = Judge(in)
+	if !slices.Equal(j.Preempt, []string{"pin"}) || j.Rules["pin"] != preempt.RuleSharedHigh {
+		t.Fatalf("preempt %v rules %v: want the larger in-share low (ties by UID) under the high row", j.Preempt, j.Rules)
+	}
+	// The same need from a low sharer preempts no one within its share.
+	in.Procs[2].Priority = v1.Low
+	if j = Judge(in); len(j.Preempt) != 0 {
+		t.Fatalf("a low sharer's need preempted %v, within their shares", j.Preempt)
+	}
 }

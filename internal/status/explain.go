@@ -87,6 +87,9 @@ func RenderExplain(w io.Writer, e *v1.Explanation) error {
 		for _, eff := range g.Effects {
 			fmt.Fprintf(&b, "  then: %s\n", printable(eff))
 		}
+		if g.Compute != nil {
+			explainCompute(&b, g.Compute)
+		}
 	}
 	_, err := io.WriteString(w, b.String())
 	return err

@@ -114,6 +114,9 @@ func renderTable(out io.Writer, f *v1.StateFile, now time.Time, wide bool) error
 	if err := renderShares(&w, f.GPUs, wide); err != nil {
 		return err
 	}
+	if err := renderComputeShares(&w, f.GPUs, wide); err != nil {
+		return err
+	}
 	renderSuspended(&w, f.Suspended, now)
 	if err := renderPreemptions(&w, f.Preemptions, now); err != nil {
 		return err

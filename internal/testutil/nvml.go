@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -22,6 +23,12 @@ type NVMLGPU struct {
 	MemoryUsed  uint64 // 0: the sum of its processes' memory
 	MIG         bool
 	Lost        bool // fallen off the bus: calls answer GPU_IS_LOST
+	// PCI is its PCI address (0000:3b:00.0); "" is 0000:<Index+1>:00.0.
+	PCI string
+	// NVLinks are its NVLinks: each link's remote end's PCI address (a
+	// peer GPU's PCI, or an NVSwitch's), "" for a link that is down. None:
+	// a GPU without NVLink (NVML_ERROR_NOT_SUPPORTED).
+	NVLinks []string
 }
 
 // NVMLProcess is a process using a GPU's memory.
@@ -30,6 +37,9 @@ type NVMLProcess struct {
 	PID      int
 	Memory   uint64
 	MemoryNA bool // usedGpuMemory is NVML_VALUE_NOT_AVAILABLE
+	// Work: fake GPU work, whose utilization samples follow the CPU time
+	// the process gets (StartGPUWork; docs/real-gpu.md).
+	Work bool
 }
 
 // NVMLDouble is the NVML test double (internal/nvidia/nvmldouble), built
@@ -168,13 +178,29 @@ func (n *NVMLDouble) SetMismatch(tb testing.TB, on bool) {
 	n.write(tb)
 }
 
+// nvmlFaultID numbers EventErr records across the whole test process: the
+// double counts a record's failed waits by its id in the loaded library,
+// which a process keeps (and its counts) from one test, or one -count run,
+// to the next, so an id a later double reused would be spent already.
+var nvmlFaultID atomic.Uint64
+
 // EventErr makes the next count nvmlEventSetWait_v2 calls answer code
 // ("timeout", "unknown", "gpu_is_lost"), naming GPU index (NVML's; -1:
 // none) in the event data.
 func (n *NVMLDouble) EventErr(tb testing.TB, code string, index, count int) {
+	id := nvmlFaultID.Add(1)
 	n.mu.Lock()
-	n.seq++
-	n.faults = append(n.faults, fmt.Sprintf("eventerr id=%d code=%s gpu=%d count=%d", n.seq, code, index, count))
+	n.faults = append(n.faults, fmt.Sprintf("eventerr id=%d code=%s gpu=%d count=%d", id, code, index, count))
+	n.mu.Unlock()
+	n.write(tb)
+}
+
+// ClearFaults drops every EventErr and Slow: each process that loads the
+// double counts an EventErr's waits anew, so a gpud started later would
+// meet it again.
+func (n *NVMLDouble) ClearFaults(tb testing.TB) {
+	n.mu.Lock()
+	n.faults = nil
 	n.mu.Unlock()
 	n.write(tb)
 }
@@ -203,9 +229,13 @@ func (n *NVMLDouble) event(tb testing.TB, index int, typ string, data int) {
 }
 
 // write replaces the script in one rename: the double never reads half.
+// The lock is held to the rename: two goroutines scripting the double at
+// once (a test and its sample feeder) would otherwise share the temporary
+// file, and an older script could be renamed over a newer one.
 func (n *NVMLDouble) write(tb testing.TB) {
 	tb.Helper()
 	n.mu.Lock()
+	defer n.mu.Unlock()
 	var b strings.Builder
 	fmt.Fprintf(&b, "driver version=%s mismatch=%d\n", n.driver, b2i(n.mismatch))
 	for _, g := range n.gpus {
@@ -219,14 +249,22 @@ func (n *NVMLDouble) write(tb testing.TB) {
 		if g.MemoryUsed != 0 {
 			fmt.Fprintf(&b, " memory_used=%d", g.MemoryUsed)
 		}
-		b.WriteByte('\n')
+		if g.PCI != "" {
+			fmt.Fprintf(&b, " pci=%s", g.PCI)
+		}
+		fmt.Fprintf(&b, " nvlinks=%d\n", len(g.NVLinks))
+		for l, remote := range g.NVLinks {
+			if remote != "" {
+				fmt.Fprintf(&b, "nvlink gpu=%d link=%d remote=%s\n", g.Index, l, remote)
+			}
+		}
 	}
 	for _, p := range n.processes {
 		mem := fmt.Sprint(p.Memory)
 		if p.MemoryNA {
 			mem = "na"
 		}
-		fmt.Fprintf(&b, "process gpu=%d pid=%d memory=%s\n", p.GPU, p.PID, mem)
+		fmt.Fprintf(&b, "process gpu=%d pid=%d memory=%s work=%d\n", p.GPU, p.PID, mem, b2i(p.Work))
 	}
 	for _, m := range n.migs {
 		fmt.Fprintf(&b, "mig gpu=%d gi=%d ci=%d uuid=%s profile=%s memory_total=%d\n", m.GPU, m.GI, m.CI, m.UUID, m.Profile, m.MemoryTotal)
@@ -240,7 +278,6 @@ func (n *NVMLDouble) write(tb testing.TB) {
 	for _, e := range n.events {
 		b.WriteString(e + "\n")
 	}
-	n.mu.Unlock()
 	tmp := filepath.Join(n.Dir, ".nvml-double.txt.tmp")
 	if err := os.WriteFile(tmp, []byte(b.String()), 0o644); err != nil {
 		tb.Fatal(err)

@@ -11,11 +11,24 @@ import (
 	"time"
 )
 
-// Poll calls ok every interval (10 ms) until it is true or timeout has
-// passed, and reports whether it became true. Callers that have more to
-// say on failure than "never" use it; others use Eventually.
+// MinWait is the least Poll (Eventually, WaitStateFile) waits for a
+// condition before giving up, whatever timeout its caller names: a
+// timeout there only bounds a wait for a condition, it is never a latency
+// goal (tests that measure one time it themselves). On a loaded machine
+// (CI beside other jobs, `make test HOG=1`) what a quiet one does in
+// milliseconds can take seconds; a passing test never waits this long.
+const MinWait = 30 * time.Second
+
+// Wait is timeout, at least MinWait: the deadline of a test's own wait
+// loop for a condition.
+func Wait(timeout time.Duration) time.Duration { return max(timeout, MinWait) }
+
+// Poll calls ok every interval (10 ms) until it is true or timeout (at
+// least MinWait) has passed, and reports whether it became true. Callers
+// that have more to say on failure than "never" use it; others use
+// Eventually.
 func Poll(timeout time.Duration, ok func() bool) bool {
-	deadline := time.Now().Add(timeout)
+	deadline := time.Now().Add(Wait(timeout))
 	for !ok() {
 		if time.Now().After(deadline) {
 			return false
@@ -29,7 +42,7 @@ func Poll(timeout time.Duration, ok func() bool) bool {
 func Eventually(tb testing.TB, timeout time.Duration, what string, ok func() bool) {
 	tb.Helper()
 	if !Poll(timeout, ok) {
-		tb.Fatalf("never within %s: %s", timeout, what)
+		tb.Fatalf("never within %s: %s", Wait(timeout), what)
 	}
 }
 

@@ -17,7 +17,7 @@ func WaitStateFile(tb testing.TB, path string, timeout time.Duration, ok func(*v
 	var err error
 	if !Poll(timeout, func() bool { f, err = readState(path); return err == nil && ok(f) }) {
 		b, _ := os.ReadFile(path)
-		tb.Fatalf("state file never matched within %s (last error %v):\n%s", timeout, err, b)
+		tb.Fatalf("state file never matched within %s (last error %v):\n%s", Wait(timeout), err, b)
 	}
 	return f
 }

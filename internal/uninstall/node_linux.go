@@ -13,6 +13,7 @@ import (
 	"github.com/gpud/gpud/bpf"
 	"github.com/gpud/gpud/internal/preempt/journal"
 	"github.com/gpud/gpud/internal/safefs"
+	"github.com/gpud/gpud/internal/sharing/compute"
 )
 
 // JournalFile is the preemption journal's name in the state directory.
@@ -64,6 +65,17 @@ func Node(p Paths, log *slog.Logger) error {
 		}
 		if err := removeFile(p.HostRoot, path); err != nil {
 			errs = append(errs, err)
+		}
+	}
+	if p.StateDir != "" {
+		// What a gpud that did not stop cleanly left frozen for compute
+		// shares (paths as gpud saw them: this process has its mounts).
+		n, err := compute.ThawJournal(filepath.Join(p.HostRoot, p.StateDir), "/sys/fs/cgroup", compute.CgroupFreezer{}, nil)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		if n > 0 {
+			log.Info("thawed the cgroups the compute scheduler left frozen", "cgroups", n)
 		}
 	}
 	rm(p.StateFile)

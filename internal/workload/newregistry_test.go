@@ -9,15 +9,21 @@ import (
 )
 
 func TestNewRegistryChecksAgentsAndModes(t *testing.T) {
-	r, err := NewRegistry(occupancy.Low, Agents{Namespaces: []string{"gpu-operator"}}, PreemptModes{Namespaces: []string{"ml=freeze"}}, nil)
+	r, err := NewRegistry(occupancy.Low, Agents{Namespaces: []string{"gpu-operator"}}, PreemptModes{Namespaces: []string{"ml=freeze"}}, []string{"high>=1000"}, nil)
 	if err != nil || r.DefaultPriority() != occupancy.Low {
 		t.Fatalf("valid agents and modes: %v, %v", r, err)
 	}
-	if _, err := NewRegistry(occupancy.Low, Agents{Namespaces: []string{"Not A Namespace"}}, PreemptModes{}, nil); err == nil {
+	if _, err := NewRegistry(occupancy.Low, Agents{Namespaces: []string{"Not A Namespace"}}, PreemptModes{}, nil, nil); err == nil {
 		t.Fatal("an invalid agent namespace accepted")
 	}
-	if _, err := NewRegistry(occupancy.Low, Agents{}, PreemptModes{Containers: []string{"explode"}}, nil); err == nil {
+	if _, err := NewRegistry(occupancy.Low, Agents{}, PreemptModes{Containers: []string{"explode"}}, nil, nil); err == nil {
 		t.Fatal("an invalid preempt mode accepted")
+	}
+	if _, err := NewRegistry(occupancy.Low, Agents{}, PreemptModes{}, []string{"urgent>=1"}, nil); err == nil {
+		t.Fatal("an invalid priority class accepted")
+	}
+	if v := int32(1000); func() bool { p, ok := r.PriorityClasses.Class(&v); return !ok || p != occupancy.High }() {
+		t.Fatalf("priority classes %+v: 1000 not high", r.PriorityClasses)
 	}
 }
 

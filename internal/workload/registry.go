@@ -110,7 +110,10 @@ type Registry struct {
 	Agents Agents
 	// Modes says which preempt modes workloads may choose by label.
 	Modes PreemptModes
-	Log   *slog.Logger
+	// PriorityClasses maps pods' priorities to classes
+	// (--priority-classes; set before the sources start).
+	PriorityClasses PriorityClasses
+	Log             *slog.Logger
 	// OnChange is called for each cgroup whose class changed: prio is
 	// occupancy.High or occupancy.Low, occupancy.Unmanaged for a workload
 	// of no enforced class (gateClass), or "" when it is no longer
@@ -135,6 +138,7 @@ type Registry struct {
 	malformed   map[string]bool
 	overrides   map[string]occupancy.Priority // pod uid → class forced by lending
 	defaulted   map[string]bool               // keys Classify gave the default (no or malformed label)
+	byPriority  map[string]occupancy.Priority // pod key → class its priority maps to (PriorityClasses)
 	expected    map[string]*expectation       // key → cgroup names expected (expect.go)
 	expMu       sync.Mutex                    // orders OnExpect calls
 	modeRefused map[string]bool               // workload and mode whose refusal was logged (modes.go)
@@ -228,6 +232,10 @@ func (r *Registry) Classify(containerID string, labels map[string]string) occupa
 // with a well-formed gpud.io/priority label has that class whatever its
 // namespace; else a pod Agents.Pod names is an agent (Unmanaged); else the
 // default (Classify).
+//
+// A pod whose priority the API server source mapped (ClassifyPodPriority)
+// keeps that class: a source that does not see priorities (NRI, CRI)
+// never undoes it.
 func (r *Registry) ClassifyPod(uid, namespace string, labels map[string]string) (occupancy.Priority, bool) {
 	key := PodKey(uid)
 	if _, err := ParseLabel(labels[LabelPriority]); err != nil && r.Agents.Pod(namespace, labels) {
@@ -236,7 +244,44 @@ func (r *Registry) ClassifyPod(uid, namespace string, labels map[string]string) 
 		r.mu.Unlock()
 		return occupancy.Unmanaged, true
 	}
+	r.mu.Lock()
+	p := r.byPriority[key]
+	r.mu.Unlock()
+	if p != "" {
+		return p, false
+	}
 	return r.Classify(key, labels), false
+}
+
+// ClassifyPodPriority is ClassifyPod for a pod whose priority (its
+// PriorityClass's value, spec.priority) is known, nil when it is not: an
+// agent pod stays an agent; else a priority PriorityClasses maps decides,
+// over the pod's label (the label is the tenant's, the PriorityClass the
+// cluster admin's, and the scheduler preempts by it too); else as
+// ClassifyPod.
+func (r *Registry) ClassifyPodPriority(uid, namespace string, labels map[string]string, priority *int32) (occupancy.Priority, bool) {
+	key := PodKey(uid)
+	p, ok := r.PriorityClasses.Class(priority)
+	if ok {
+		if _, err := ParseLabel(labels[LabelPriority]); err != nil && r.Agents.Pod(namespace, labels) {
+			ok = false // an agent pod: ClassifyPod says so
+		}
+	}
+	r.mu.Lock()
+	if r.byPriority == nil {
+		r.byPriority = map[string]occupancy.Priority{}
+	}
+	if ok {
+		r.byPriority[key] = p
+		delete(r.defaulted, key) // not a default class: a reload's SetDefault leaves it
+	} else {
+		delete(r.byPriority, key)
+	}
+	r.mu.Unlock()
+	if ok {
+		return p, false
+	}
+	return r.ClassifyPod(uid, namespace, labels)
 }
 
 // ClassifyContainer returns a Docker container's class and whether it is a
@@ -394,6 +439,7 @@ func (r *Registry) Remove(containerID string) {
 	delete(r.byContainer, containerID)
 	delete(r.malformed, containerID)
 	delete(r.defaulted, containerID)
+	delete(r.byPriority, containerID)
 	if ok && w.CgroupID != 0 {
 		delete(r.byCgroup, w.CgroupID)
 	}
@@ -463,6 +509,8 @@ const (
 	ReasonDefault  = "default"  // no or a malformed label, or a workload gpud does not know
 	ReasonHost     = "host"     // not in a container: never managed
 	ReasonAgent    = "agent"    // a system agent (Agents): never managed, never a holder
+	// ReasonPriorityClass: its pod's priority, mapped by --priority-classes.
+	ReasonPriorityClass = "priority-class"
 )
 
 // Explain returns the workload a process belongs to (ok false when none is
@@ -486,6 +534,8 @@ func (r *Registry) Explain(info occupancy.ProcInfo) (w Workload, ok bool, class 
 		reason = ReasonOverride
 	case raw.Agent:
 		reason = ReasonAgent
+	case r.byPriority[raw.key()] != "":
+		reason = ReasonPriorityClass
 	case r.defaulted[raw.key()]:
 		reason = ReasonDefault
 	default:

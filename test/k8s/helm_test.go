@@ -307,6 +307,7 @@ func deployChart(t *testing.T, dev string, set ...string) string {
 		args = append(args, "--set", s)
 	}
 	manifest := helm(t, args...)
+	freshHostState(t)
 	apply(t, manifest)
 	t.Cleanup(func() {
 		cmd := exec.Command(env(t, "KUBECTL"), "delete", "-f", "-", "--wait=true", "--timeout=90s", "--ignore-not-found")

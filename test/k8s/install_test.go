@@ -147,6 +147,7 @@ func TestHelmUninstallLeavesNoGate(t *testing.T) {
 	// (make test tags the imported image so). Never pulled: the test
 	// cluster reaches no registry.
 	archive, version, appVersion := chartArchive(t)
+	freshHostState(t)
 	if out, err := helmCmd(t, "install", "gpud", archive, "-n", "gpud-system", "-f", clusterValues(t, dev, "{pullPolicy: Never}"),
 		"--set", "createNamespace=false", "--wait", "--timeout=120s"); err != nil {
 		t.Fatalf("helm install %s: %v\n%s", archive, err, out)
@@ -167,7 +168,7 @@ func TestHelmUninstallLeavesNoGate(t *testing.T) {
 		t.Fatalf("device gates at the cgroup root: %v before, %v with gpud", before, gates)
 	}
 	// The gate is attached before the first state file is written.
-	for _, f := range []string{"/sys/fs/bpf/gpud/gate", "/run/gpud/state.json"} {
+	for _, f := range []string{"/sys/fs/bpf/gpud/gate", hostStateFile} {
 		var err error
 		if !testutil.Poll(30*time.Second, func() bool { _, err = os.Lstat(f); return err == nil }) {
 			logs, _ := kubectl(t, "-n", "gpud-system", "logs", "daemonset/gpud", "--tail=40")

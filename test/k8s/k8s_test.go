@@ -198,7 +198,7 @@ func podHolders(t *testing.T, gp string) func() []holder {
 func fileHolders(path string) func() []holder {
 	return func() []holder {
 		b, err := os.ReadFile(path)
-		if err != nil {
+		if err != nil || stale(b) {
 			return nil
 		}
 		return parseHolders(b)

@@ -53,8 +53,8 @@ func agent(t *testing.T, dir, name, gpu, script string) *exec.Cmd {
 
 // hostState reads the state file gpud's pod writes under hostPaths.run.
 func hostState(t *testing.T) *v1.StateFile {
-	b, err := os.ReadFile("/run/gpud/state.json")
-	if err != nil {
+	b, err := os.ReadFile(hostStateFile)
+	if err != nil || stale(b) {
 		return nil
 	}
 	var f v1.StateFile
@@ -133,7 +133,7 @@ func TestRealNodeFixture(t *testing.T) {
 	// (device ID = UUID), its context keeping 13 GiB of 16.
 	resourcePod(t, "rnowner", "nvidia.com/gpu", "gpud.io/priority", "high")
 	mustKubectl(t, "wait", "--for=condition=Ready", "pod/rnowner", "--timeout=60s")
-	holders := fileHolders("/run/gpud/state.json")
+	holders := fileHolders(hostStateFile)
 	ownerPID := hold(t, holders, "rnowner")
 	double.SetProcesses(t, testutil.NVMLProcess{GPU: 0, PID: ownerPID, Memory: 13 << 30})
 

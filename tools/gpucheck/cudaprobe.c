@@ -10,7 +10,9 @@
 //	    then runs the phases in order: busy:S (launches for S seconds,
 //	    checking the buffer against the CPU's arithmetic at least every
 //	    0.5 s: "check ok launches=N t=T"), idle:S (holds the context,
-//	    launches nothing), hold (idles until SIGTERM); then "done ok".
+//	    launches nothing), queue:N (N launches back to back, no
+//	    synchronization: "queued n=N t=T"; then waits for them,
+//	    "drained t=T"), hold (idles until SIGTERM); then "done ok".
 //	    Exit 3 on a wrong checksum, 2 on a driver error.
 //	cudaprobe --info            the driver's API version, the checkpoint
 //	                            API, and each device's UUID and name
@@ -21,6 +23,15 @@
 //	                            opens NODE (a high-priority opener); with
 //	                            --victim prints killed_us= (open → PID
 //	                            gone), then holds the node S seconds
+//	cudaprobe --freeze-drain CGROUP --uuid UUID [--nvml-lib PATH]
+//	          [--below P] [--timeout S]
+//	                            freezes the cgroup v2 CGROUP (cgroup.freeze)
+//	                            and polls NVML's utilization of GPU UUID
+//	                            (nvmlDeviceGetUtilizationRates) every 10 ms
+//	                            until it is at most P % (default 5):
+//	                            util_before= drain_ms= util_after=; a
+//	                            frozen process's queued kernels run on
+//	                            (the freeze stops launches, not the GPU)
 //
 // The kernel, gpucheck_step(buf, n, reps): each thread i < n does reps
 // times buf[i] = buf[i] * 1664525 + (2i + 1) (mod 2^32). After K steps an
@@ -271,16 +282,91 @@ static void sleep_s(double s) {
 	}
 }
 
+typedef struct {
+	unsigned int gpu, memory;
+} nvml_util_t;
+
+// freeze_drain freezes cgroup and measures how long GPU uuid stays busy:
+// NVML's utilization is "percent of time over the past sample period
+// during which one or more kernels was executing" (nvml.h), so the figure
+// includes up to one sample period of NVML's own lag.
+static int freeze_drain(const char *cgroup, const char *uuid, const char *nvmlpath, unsigned int below, double timeout) {
+	void *lib = dlopen(nvmlpath, RTLD_NOW | RTLD_LOCAL);
+	if (lib == NULL) {
+		say("error dlopen %s: %s\n", nvmlpath, dlerror());
+		return 2;
+	}
+	int (*init)(void) = sym(lib, "nvmlInit_v2", 1);
+	int (*count)(unsigned int *) = sym(lib, "nvmlDeviceGetCount_v2", 1);
+	int (*handle)(unsigned int, void **) = sym(lib, "nvmlDeviceGetHandleByIndex_v2", 1);
+	int (*getuuid)(void *, char *, unsigned int) = sym(lib, "nvmlDeviceGetUUID", 1);
+	int (*util)(void *, nvml_util_t *) = sym(lib, "nvmlDeviceGetUtilizationRates", 1);
+	unsigned int n = 0;
+	void *dev = NULL;
+	if (init() != 0 || count(&n) != 0) {
+		say("error nvmlInit_v2 or nvmlDeviceGetCount_v2\n");
+		return 2;
+	}
+	for (unsigned int i = 0; i < n && dev == NULL; i++) {
+		char u[96];
+		void *d;
+		if (handle(i, &d) == 0 && getuuid(d, u, sizeof u) == 0 && !strcmp(u, uuid)) {
+			dev = d;
+		}
+	}
+	if (dev == NULL) {
+		say("error no NVML device %s\n", uuid);
+		return 2;
+	}
+	nvml_util_t u;
+	int r = util(dev, &u);
+	if (r != 0) {
+		say("error nvmlDeviceGetUtilizationRates: %d\n", r);
+		return 2;
+	}
+	unsigned int before = u.gpu;
+	char path[4096];
+	snprintf(path, sizeof path, "%s/cgroup.freeze", cgroup);
+	int fd = open(path, O_WRONLY | O_CLOEXEC);
+	if (fd < 0 || write(fd, "1", 1) != 1) {
+		say("error freezing %s: %s\n", path, strerror(errno));
+		return 2;
+	}
+	close(fd);
+	long long t0 = now_us();
+	for (;;) {
+		struct timespec d = {0, 10 * 1000 * 1000};
+		nanosleep(&d, NULL);
+		if ((r = util(dev, &u)) != 0) {
+			say("error nvmlDeviceGetUtilizationRates: %d\n", r);
+			return 2;
+		}
+		long long us = now_us() - t0;
+		if (u.gpu <= below) {
+			say("util_before=%u drain_ms=%.1f util_after=%u\n", before, (double)us / 1000, u.gpu);
+			return 0;
+		}
+		if ((double)us / 1e6 > timeout) {
+			say("error util_before=%u still %u %% after %.0f s frozen\n", before, u.gpu, timeout);
+			return 4;
+		}
+	}
+}
+
 static int usage(void) {
 	fprintf(stderr, "usage: cudaprobe [--lib PATH] [--device N] [--mem MiB] [--n WORDS] [--reps R] [--ready-file F] "
 			"[--log-file F] busy:S|idle:S|hold ...\n"
-			"       cudaprobe [--lib PATH] --info | --park | --sigkill PID | --open-node NODE [--victim PID] [--hold S]\n");
+			"       cudaprobe [--lib PATH] --info | --park | --sigkill PID | --open-node NODE [--victim PID] [--hold S]\n"
+			"       cudaprobe --freeze-drain CGROUP --uuid UUID [--nvml-lib PATH] [--below P] [--timeout S]\n");
 	return 1;
 }
 
 int main(int argc, char **argv) {
 	const char *lib = getenv("GPUCHECK_LIBCUDA") ? getenv("GPUCHECK_LIBCUDA") : "libcuda.so.1";
-	const char *ready = NULL, *node = NULL, *logpath = NULL;
+	const char *ready = NULL, *node = NULL, *logpath = NULL, *freeze = NULL, *uuidarg = NULL;
+	const char *nvmllib = "libnvidia-ml.so.1";
+	unsigned int below = 5;
+	double timeout = 30;
 	int device = 0, do_info = 0, park = 0, sigkill = 0, victim = 0, first = argc;
 	double hold = 0;
 	size_t mem = 256;
@@ -313,6 +399,16 @@ int main(int argc, char **argv) {
 			victim = atoi(v), i++;
 		} else if (v && !strcmp(a, "--hold")) {
 			hold = atof(v), i++;
+		} else if (v && !strcmp(a, "--freeze-drain")) {
+			freeze = v, i++;
+		} else if (v && !strcmp(a, "--uuid")) {
+			uuidarg = v, i++;
+		} else if (v && !strcmp(a, "--nvml-lib")) {
+			nvmllib = v, i++;
+		} else if (v && !strcmp(a, "--below")) {
+			below = (unsigned int)strtoul(v, NULL, 10), i++;
+		} else if (v && !strcmp(a, "--timeout")) {
+			timeout = atof(v), i++;
 		} else if (a[0] == '-') {
 			return usage();
 		} else {
@@ -331,6 +427,9 @@ int main(int argc, char **argv) {
 			pause();
 		}
 		return 0;
+	}
+	if (freeze) {
+		return uuidarg ? freeze_drain(freeze, uuidarg, nvmllib, below, timeout) : usage();
 	}
 	if (sigkill > 0) {
 		int fd = pidfd_of(sigkill);
@@ -452,6 +551,17 @@ int main(int argc, char **argv) {
 			secs = atof(argv[p] + 5);
 			say("phase idle %.1fs t=%.3f\n", secs, now_real());
 			sleep_s(secs);
+		} else if (!strncmp(argv[p], "queue:", 6)) {
+			unsigned long q = strtoul(argv[p] + 6, NULL, 10);
+			for (unsigned long k = 0; k < q && !stop; k++) {
+				check(cu.LaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, NULL, params, NULL), "cuLaunchKernel");
+				launches++;
+				st = ar * st + sr;
+				at = ar * at;
+			}
+			say("queued n=%lu t=%.3f\n", q, now_real());
+			check(cu.CtxSynchronize(), "cuCtxSynchronize");
+			say("drained t=%.3f\n", now_real());
 		} else if (!strcmp(argv[p], "hold")) {
 			say("phase hold t=%.3f\n", now_real());
 			while (!stop) {

@@ -69,6 +69,12 @@ type Monitor struct {
 	// MIGNodes says where MIG slices' capability nodes are found (mig.go):
 	// a GPU in MIG mode is then judged and lent slice by slice.
 	MIGNodes MIGNodes
+	// ShareGPUs says whether a GPU's per-process utilization is sampled
+	// for Utilization (the time-slice scheduler's measure), every
+	// ShareInterval (0: 200 ms, above NVML's own sample period); nil:
+	// none is. Asked at each tick: a GPU is sampled while it is shared.
+	ShareGPUs     func(gpu int) bool
+	ShareInterval time.Duration
 
 	ledger    Ledger
 	loaded    bool
@@ -96,6 +102,10 @@ type cond struct {
 	compute bool   // its utilization samples are its activity
 	mem     *occupancy.Memory
 	procMem map[uint32]uint64
+	// shares is the last SrcShares reading, taken at sharesAt (zero:
+	// none yet, or the source failed).
+	shares   map[int32]uint32
+	sharesAt time.Time
 }
 
 func newCond() *cond {
@@ -245,6 +255,9 @@ func (m *Monitor) Run(ctx context.Context) {
 	var wg sync.WaitGroup
 	for idx, want := range m.sampled {
 		wg.Go(func() { m.sampleLoop(ctx, idx, want) })
+		if m.ShareGPUs != nil {
+			wg.Go(func() { m.shareLoop(ctx, idx) })
+		}
 	}
 	if len(m.missing) > 0 {
 		wg.Go(func() { m.refind(ctx) })
@@ -328,6 +341,56 @@ func (m *Monitor) sampleLoop(ctx context.Context, gpu int, want Source) {
 	}
 }
 
+// shareLoop samples one GPU's per-process utilization every
+// ShareInterval while ShareGPUs asks for it, with the backoff of any
+// source.
+func (m *Monitor) shareLoop(ctx context.Context, gpu int) {
+	tick := time.NewTicker(orDefault(m.ShareInterval, 200*time.Millisecond))
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		if !m.ShareGPUs(gpu) || (m.Sampling != nil && !m.Sampling()) {
+			continue
+		}
+		now := time.Now()
+		if m.due(gpu, SrcShares, now) != 0 {
+			m.apply(gpu, SrcShares, m.Lib.SampleGPU(gpu, SrcShares), now)
+		}
+	}
+}
+
+// Utilization is GPU gpu's per-process utilization at its last sample
+// (ShareGPUs asks for it): each process's share of the GPU in percent, by
+// PID, a process absent at 0, and the sample's time. It fails while the
+// source fails on that GPU (ErrNotSupported on a MIG-enabled GPU), before
+// the first sample, and for a GPU NVML does not sample.
+func (m *Monitor) Utilization(gpu int) (map[int32]uint32, time.Time, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c := m.conds[gpu]
+	_, sampled := m.sampled[gpu]
+	switch {
+	case m.Lib == nil || !m.loaded:
+		return nil, time.Time{}, fmt.Errorf("utilization of GPU %d: NVML unavailable", gpu)
+	case c == nil || !sampled || m.ShareGPUs == nil:
+		return nil, time.Time{}, fmt.Errorf("utilization of GPU %d: not sampled from NVML", gpu)
+	case c.lost != "":
+		return nil, time.Time{}, fmt.Errorf("utilization of GPU %d: %w", gpu, ErrGPUIsLost)
+	case c.failed[SrcShares] != nil:
+		return nil, time.Time{}, fmt.Errorf("utilization of GPU %d: %w", gpu, c.failed[SrcShares])
+	case c.sharesAt.IsZero():
+		return nil, time.Time{}, fmt.Errorf("utilization of GPU %d: %w", gpu, ErrNoSample)
+	}
+	return maps.Clone(c.shares), c.sharesAt, nil
+}
+
+// ErrNoSample: the GPU's per-process utilization is not sampled yet.
+var ErrNoSample = errors.New("not sampled yet")
+
 // due is what of want may be asked of gpu now.
 func (m *Monitor) due(gpu int, want Source, now time.Time) Source {
 	m.mu.Lock()
@@ -370,8 +433,11 @@ func (m *Monitor) apply(gpu int, ask Source, r Reading, now time.Time) {
 		c.retryAt[s] = now.Add(c.delay[s])
 		if c.failed[s] == nil {
 			msg := "NVML sampling failing on a GPU: retried with backoff"
-			if s == SrcUtilization {
+			switch s {
+			case SrcUtilization:
 				msg += "; its activity falls back to GPU opens"
+			case SrcShares:
+				msg += "; its compute shares are not measured"
 			}
 			m.log().Warn(msg, "gpu", gpu, "source", s.String(), "error", err, "retry_in", c.delay[s])
 			changed = true
@@ -392,6 +458,20 @@ func (m *Monitor) apply(gpu int, ask Source, r Reading, now time.Time) {
 		if on := c.failed[SrcUtilization] == nil; on != c.compute {
 			c.compute, changed = on, true
 			computeSet = &on
+		}
+	}
+	if ask&SrcShares != 0 {
+		c.shares, c.sharesAt = nil, time.Time{}
+		if c.failed[SrcShares] == nil {
+			c.shares = make(map[int32]uint32, len(r.Shares))
+			for pid, pct := range r.Shares {
+				c.shares[int32(pid)] = pct
+			}
+			// No sample: nothing used the GPU since the last reading.
+			c.sharesAt = r.SharesAt
+			if c.sharesAt.IsZero() {
+				c.sharesAt = now
+			}
 		}
 	}
 	if ask&SrcMemory != 0 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"sync"
 	"testing"
 	"time"
@@ -27,7 +28,8 @@ type fake struct {
 	samples  map[int]int // calls per GPU
 	asked    map[int][]Source
 	activity map[int]time.Time
-	watchErr []error // returned by successive WatchHealth calls; then it blocks
+	shares   map[int]map[uint32]uint32 // per-process utilization (SrcShares)
+	watchErr []error                   // returned by successive WatchHealth calls; then it blocks
 	watches  int
 	events   []HealthEvent // reported by the next watch
 }
@@ -64,6 +66,9 @@ func (f *fake) SampleGPU(gpu int, src Source) Reading {
 	r := Reading{Failed: map[Source]error{}, MIG: f.mig[gpu], Lost: f.lost[gpu], Memory: &Memory{Total: 100, Used: 10}}
 	if at, ok := f.activity[gpu]; ok {
 		r.At, r.PIDs = at, []uint32{42}
+	}
+	if sh, ok := f.shares[gpu]; ok && src&SrcShares != 0 {
+		r.Shares, r.SharesAt = maps.Clone(sh), time.Now()
 	}
 	for s, err := range f.failing[gpu] {
 		if src&s != 0 {

@@ -42,11 +42,16 @@ const (
 	SrcMemory                         // the GPU's memory
 	SrcProcesses                      // the processes' memory
 	SrcMIG                            // MIG mode
-	AllSources     = SrcUtilization | SrcMemory | SrcProcesses | SrcMIG
+	// SrcShares is per-process utilization as each process's share of the
+	// GPU (Monitor.Utilization), sampled apart from the others, faster,
+	// and only for the GPUs Monitor.ShareGPUs asks: it is not in
+	// AllSources.
+	SrcShares
+	AllSources = SrcUtilization | SrcMemory | SrcProcesses | SrcMIG
 )
 
 // Sources in the order they are shown.
-var Sources = []Source{SrcUtilization, SrcMemory, SrcProcesses, SrcMIG}
+var Sources = []Source{SrcUtilization, SrcMemory, SrcProcesses, SrcMIG, SrcShares}
 
 func (s Source) String() string {
 	switch s {
@@ -58,6 +63,8 @@ func (s Source) String() string {
 		return "processes"
 	case SrcMIG:
 		return "mig"
+	case SrcShares:
+		return "shares"
 	}
 	return "sources"
 }
@@ -84,8 +91,15 @@ type Reading struct {
 	// process's use, by PID, without those whose use NVML does not know.
 	Memory        *Memory
 	ProcessMemory map[uint32]uint64
-	MIG           bool // MIG mode is enabled
-	Lost          bool // the GPU answers NVML_ERROR_GPU_IS_LOST (fallen off the bus)
+	// Shares is each process's SM utilization (percent), by PID, over
+	// the samples since the previous reading of SrcShares (their mean
+	// per sample period); a process that did not use the GPU has none.
+	// SharesAt is the newest sample's time (zero when there was none:
+	// nothing used the GPU).
+	Shares   map[uint32]uint32
+	SharesAt time.Time
+	MIG      bool // MIG mode is enabled
+	Lost     bool // the GPU answers NVML_ERROR_GPU_IS_LOST (fallen off the bus)
 	// Failed are the sources asked that failed, and why.
 	Failed map[Source]error
 }

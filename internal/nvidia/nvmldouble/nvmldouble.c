@@ -11,12 +11,14 @@
 //
 //	driver version=570.86.15 [mismatch=1]
 //	gpu index=0 minor=1 uuid=GPU-... name=NVIDIA_H100 memory_total=17179869184 [memory_used=N] [mig=1] [lost=1]
-//	process gpu=0 pid=123 memory=1073741824|na
+//	process gpu=0 pid=123 memory=1073741824|na [work=1]
 //	sample gpu=0 pid=123 ts=<µs since the epoch> sm=50 mem=10
 //	event gpu=0 seq=1 type=xid|dbe|sbe data=79
 //	eventerr id=1 code=timeout|unknown|gpu_is_lost [gpu=N] [count=N]
 //	slow fn=nvmlDeviceGetProcessUtilization ms=2000 [gpu=N]
 //	mig gpu=0 gi=1 ci=0 uuid=MIG-... profile=1g.10gb memory_total=N [memory_used=N]
+//	gpu ... [pci=0000:3b:00.0] [nvlinks=18]
+//	nvlink gpu=0 link=0 remote=0000:3c:00.0 [active=0]
 //
 // Where the real library is awkward the double is too (docs/real-gpu.md
 // lists each behaviour with the nvml.h text it follows): utilization
@@ -31,7 +33,12 @@
 // waits, once per id); any call may be slow (slow: it sleeps ms first,
 // outside the double's lock, so other calls go on as in the thread-safe
 // library).
+//
+// A process with work=1 is fake GPU work (issue 30 item 7): its
+// utilization samples are not scripted but follow the time it really gets
+// from the CPU scheduler (see "Fake GPU work" below and docs/real-gpu.md).
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -108,9 +115,11 @@ struct gpu {
 	char uuid[96], name[96];
 	unsigned long long mem_total, mem_used;
 	int mem_used_set;
+	unsigned int pci_domain, pci_bus, pci_dev; // topology (issue 30 item 1)
+	int nvlinks;                               // links it has; 0: no NVLink
 };
 struct proc {
-	int gpu;
+	int gpu, work;
 	unsigned int pid;
 	unsigned long long memory;
 };
@@ -150,6 +159,21 @@ struct mig {
 
 #define MAX_ERRS 32
 
+// ---- Topology (issue 30 item 1) -------------------------------------------
+// A GPU's PCI address is pci= on its gpu record (default 0000:<index+1>:00.0);
+// nvlinks= is how many NVLinks it has (0, the default: none, and every
+// NVLink call answers NVML_ERROR_NOT_SUPPORTED, as on a GPU without
+// NVLink). An "nvlink" record is one active link (active=0: down) of the
+// GPU of NVML index gpu, to the device at remote (a peer GPU, or an
+// NVSwitch: any address); a link of the GPU's without a record is down.
+#define MAX_LINKS 128
+#define NVLINK_MAX_LINKS 18 // nvml.h NVML_NVLINK_MAX_LINKS
+
+struct nvlink {
+	int gpu, link, active;
+	unsigned int domain, bus, dev;
+};
+
 struct script {
 	char driver[80];
 	int mismatch;
@@ -162,6 +186,8 @@ struct script {
 	struct slow slows[MAX_ERRS];
 	int nmigs;
 	struct mig migs[MAX_MIGS];
+	int nlinks;
+	struct nvlink links[MAX_LINKS];
 };
 
 // consumed counts, per eventerr id, the waits it has failed: the script is
@@ -229,6 +255,36 @@ static void str(char *line, const char *key, char *out, size_t n) {
 	out[i] = 0;
 }
 
+// pci_addr reads a PCI address "dddd:bb:dd.f" (hex) at key; 0 if there.
+static int pci_addr(char *line, const char *key, unsigned int *domain, unsigned int *bus, unsigned int *dev) {
+	const char *v = field(line, key);
+	unsigned int fn;
+	return v && sscanf(v, "%x:%x:%x.%x", domain, bus, dev, &fn) == 4 ? 0 : -1;
+}
+
+static void load_topology(struct script *s, struct gpu *g, char *line) {
+	(void)s;
+	if (pci_addr(line, "pci", &g->pci_domain, &g->pci_bus, &g->pci_dev) != 0) {
+		g->pci_domain = 0;
+		g->pci_bus = (unsigned int)g->index + 1;
+		g->pci_dev = 0;
+	}
+	g->nvlinks = (int)num(line, "nvlinks", 0);
+	if (g->nvlinks > NVLINK_MAX_LINKS)
+		g->nvlinks = NVLINK_MAX_LINKS;
+}
+
+static void load_nvlink(struct script *s, char *line) {
+	if (s->nlinks >= MAX_LINKS)
+		return;
+	struct nvlink *l = &s->links[s->nlinks];
+	l->gpu = (int)num(line, "gpu", 0);
+	l->link = (int)num(line, "link", 0);
+	l->active = (int)num(line, "active", 1);
+	if (pci_addr(line, "remote", &l->domain, &l->bus, &l->dev) == 0)
+		s->nlinks++;
+}
+
 // load reads the script; the caller holds mu. A missing script is a node
 // whose driver is not loaded.
 static nvmlReturn_t load(struct script *s) {
@@ -260,12 +316,14 @@ static nvmlReturn_t load(struct script *s) {
 			str(line, "uuid", g->uuid, sizeof(g->uuid));
 			strcpy(g->name, "NVIDIA Test GPU");
 			str(line, "name", g->name, sizeof(g->name));
+			load_topology(s, g, line);
 		} else if (!strncmp(line, "process ", 8) && s->nprocs < MAX_RECS) {
 			struct proc *p = &s->procs[s->nprocs++];
 			p->gpu = (int)num(line, "gpu", 0);
 			p->pid = (unsigned int)num(line, "pid", 0);
 			const char *m = field(line, "memory");
 			p->memory = m && !strncmp(m, "na", 2) ? NVML_VALUE_NOT_AVAILABLE : num(line, "memory", 0);
+			p->work = (int)num(line, "work", 0);
 		} else if (!strncmp(line, "sample ", 7) && s->nsamples < MAX_RECS) {
 			struct sample *p = &s->samples[s->nsamples++];
 			p->gpu = (int)num(line, "gpu", 0);
@@ -290,6 +348,8 @@ static nvmlReturn_t load(struct script *s) {
 			str(line, "code", code, sizeof(code));
 			e->code = !strcmp(code, "timeout") ? NVML_ERROR_TIMEOUT
 				: !strcmp(code, "gpu is lost") ? NVML_ERROR_GPU_IS_LOST : NVML_ERROR_UNKNOWN; // str() reads _ as a space
+		} else if (!strncmp(line, "nvlink ", 7)) {
+			load_nvlink(s, line);
 		} else if (!strncmp(line, "mig ", 4) && s->nmigs < MAX_MIGS) {
 			struct mig *m = &s->migs[s->nmigs++];
 			m->gpu = (int)num(line, "gpu", 0);
@@ -639,6 +699,133 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsign
 	return NVML_SUCCESS;
 }
 
+// ---- Fake GPU work (issue 30 item 7) -------------------------------------
+// A work=1 process is busy on its GPU for the time it ran or waited to run
+// on a CPU (/proc/<pid>/task/*/schedstat: "time spent on the cpu" plus
+// "time spent waiting on a runqueue", in ns), as a kernel stream with work
+// queued keeps a GPU busy however little CPU its host process gets; a
+// frozen or stopped process neither runs nor waits, so it gets 0. Each
+// GPU is sampled at most every TICK_US, at a call that finds the previous
+// sample that old (NVML samples continuously; the double samples when
+// asked, covering the whole time since its previous sample). Several busy
+// processes share the GPU's 100 % in proportion to their demand, as a GPU
+// time-slices between contexts: the sum per GPU never exceeds 100.
+#define TICK_US 100000ULL
+#define MAX_WORK 64
+#define HIST 256
+
+struct worker {
+	unsigned int pid;
+	unsigned long long busy_ns;
+};
+
+static struct {
+	unsigned long long tick_ns; // CLOCK_MONOTONIC of the last sample; 0: none yet
+	int nw;
+	struct worker w[MAX_WORK];
+	unsigned int util; // the GPU's utilization at the last sample
+	int nhist, head;   // ring of the samples taken
+	nvmlProcessUtilizationSample_t hist[HIST];
+} work[MAX_GPUS];
+
+static unsigned long long clock_ns(clockid_t c) {
+	struct timespec t;
+	clock_gettime(c, &t);
+	return (unsigned long long)t.tv_sec * 1000000000ULL + (unsigned long long)t.tv_nsec;
+}
+
+// busy_ns is the time pid's threads ran or waited to run; 0 when it is
+// gone (or unreadable).
+static unsigned long long busy_ns(unsigned int pid) {
+	char dir[64], path[128];
+	unsigned long long sum = 0, run, wait;
+	snprintf(dir, sizeof(dir), "/proc/%u/task", pid);
+	DIR *d = opendir(dir);
+	if (!d)
+		return 0;
+	for (struct dirent *e; (e = readdir(d)) != NULL;) {
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "%s/%.16s/schedstat", dir, e->d_name);
+		FILE *f = fopen(path, "re");
+		if (!f)
+			continue;
+		if (fscanf(f, "%llu %llu", &run, &wait) == 2)
+			sum += run + wait;
+		fclose(f);
+	}
+	closedir(d);
+	return sum;
+}
+
+// listed reports whether pid is work=1 on GPU g in the script: the
+// samples of a process the script no longer lists are forgotten, as
+// scripted samples are (the script is the driver).
+static int listed(struct script *s, struct gpu *g, unsigned int pid) {
+	for (int i = 0; i < s->nprocs; i++)
+		if (s->procs[i].gpu == g->index && s->procs[i].work && s->procs[i].pid == pid)
+			return 1;
+	return 0;
+}
+
+// sample_work takes GPU g's work sample if the last is TICK_US old; the
+// caller holds mu.
+static void sample_work(struct script *s, struct gpu *g) {
+	if (g->index < 0 || g->index >= MAX_GPUS)
+		return;
+	typeof(work[0]) *st = &work[g->index];
+	unsigned long long now = clock_ns(CLOCK_MONOTONIC);
+	if (st->tick_ns && now - st->tick_ns < TICK_US * 1000)
+		return;
+	unsigned long long elapsed = st->tick_ns ? now - st->tick_ns : 0;
+	struct worker next[MAX_WORK];
+	double demand[MAX_WORK], sum = 0;
+	int nn = 0;
+	for (int i = 0; i < s->nprocs && nn < MAX_WORK; i++) {
+		struct proc *p = &s->procs[i];
+		if (p->gpu != g->index || !p->work)
+			continue;
+		unsigned long long b = busy_ns(p->pid);
+		demand[nn] = -1; // first seen: its baseline only
+		for (int k = 0; k < st->nw && elapsed; k++) {
+			if (st->w[k].pid != p->pid)
+				continue;
+			double d = b > st->w[k].busy_ns ? (double)(b - st->w[k].busy_ns) / (double)elapsed : 0;
+			demand[nn] = d > 1 ? 1 : d; // several threads: still one context
+			sum += demand[nn];
+		}
+		next[nn++] = (struct worker){.pid = p->pid, .busy_ns = b};
+	}
+	unsigned long long ts = clock_ns(CLOCK_REALTIME) / 1000;
+	double scale = sum > 1 ? 1 / sum : 1;
+	st->util = 0;
+	for (int k = 0; k < nn; k++) {
+		if (demand[k] < 0)
+			continue;
+		// Rounded down: the shares' sum stays within 100.
+		unsigned int sm = (unsigned int)(100 * demand[k] * scale);
+		st->util += sm;
+		if (sm == 0)
+			continue; // no sample of a process that did not run
+		st->hist[st->head] = (nvmlProcessUtilizationSample_t){.pid = next[k].pid, .timeStamp = ts, .smUtil = sm};
+		st->head = (st->head + 1) % HIST;
+		if (st->nhist < HIST)
+			st->nhist++;
+	}
+	memcpy(st->w, next, sizeof(next[0]) * (size_t)nn);
+	st->nw = nn;
+	st->tick_ns = now;
+}
+
+// nvml.h, nvmlDeviceGetProcessUtilization: "Retrieves the current
+// utilization and process ID"; lastSeenTimeStamp: "Return only samples
+// with timestamp greater than lastSeenTimeStamp" (0: every sample kept);
+// timeStamp: "CPU Timestamp in microseconds"; smUtil: "SM (3D/Compute)
+// Util Value" (percent); with utilization NULL or processSamplesCount too
+// small, NVML_ERROR_INSUFFICIENT_SIZE and the count needed;
+// "NVML_ERROR_NOT_FOUND if sample entries are not found". Samples are of
+// processes with non-zero utilization in the sample period (what NVML
+// returns, as nvml-wrapper documents it): a frozen process has none.
 nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUtilizationSample_t *util,
 					     unsigned int *count, unsigned long long lastSeen) {
 	WITH_DEVICE(s, g, device)
@@ -649,15 +836,26 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUti
 	// not support this feature".
 	if (g->mig)
 		return NVML_ERROR_NOT_SUPPORTED;
+	pthread_mutex_lock(&mu);
+	sample_work(s, g);
+	typeof(work[0]) *st = &work[g->index];
 	unsigned int n = 0;
 	for (int i = 0; i < s->nsamples; i++)
 		if (s->samples[i].gpu == g->index && s->samples[i].ts > lastSeen)
 			n++;
+	for (int i = 0; i < st->nhist; i++)
+		if (st->hist[i].timeStamp > lastSeen && listed(s, g, st->hist[i].pid))
+			n++;
+	nvmlReturn_t r = NVML_SUCCESS;
 	if (n == 0)
-		return NVML_ERROR_NOT_FOUND;
-	if (!util || n > *count) {
+		r = NVML_ERROR_NOT_FOUND;
+	else if (!util || n > *count) {
 		*count = n;
-		return NVML_ERROR_INSUFFICIENT_SIZE;
+		r = NVML_ERROR_INSUFFICIENT_SIZE;
+	}
+	if (r != NVML_SUCCESS) {
+		pthread_mutex_unlock(&mu);
+		return r;
 	}
 	*count = 0;
 	for (int i = 0; i < s->nsamples; i++) {
@@ -667,8 +865,57 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUti
 		util[*count] = (nvmlProcessUtilizationSample_t){.pid = p->pid, .timeStamp = p->ts, .smUtil = p->sm, .memUtil = p->mem};
 		(*count)++;
 	}
+	// Oldest first, as they were taken.
+	for (int i = 0; i < st->nhist; i++) {
+		int k = (st->head - st->nhist + i + HIST) % HIST;
+		if (st->hist[k].timeStamp > lastSeen && listed(s, g, st->hist[k].pid))
+			util[(*count)++] = st->hist[k];
+	}
+	pthread_mutex_unlock(&mu);
 	return NVML_SUCCESS;
 }
+
+typedef struct {
+	unsigned int gpu, memory;
+} nvmlUtilization_t;
+
+// nvml.h, nvmlUtilization_t: "gpu: Percent of time over the past sample
+// period during which one or more kernels was executing on the GPU;
+// memory: Percent of time over the past sample period during which global
+// (device) memory was being read or written." nvmlDeviceGetUtilizationRates:
+// "On MIG-enabled GPUs, querying device utilization rates is not currently
+// supported"; "NVML_ERROR_INVALID_ARGUMENT if device is invalid or
+// utilization is NULL; NVML_ERROR_NOT_SUPPORTED if the device does not
+// support this feature". The double's gpu is the sum of its processes'
+// shares at the last sample (fake work) plus each scripted process's
+// newest sample of the last second, at most 100; fake work reads no
+// memory (a spin kernel), so memory is the scripted samples' only.
+nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *utilization) {
+	WITH_DEVICE(s, g, device)
+	if (!utilization)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	if (g->mig)
+		return NVML_ERROR_NOT_SUPPORTED;
+	pthread_mutex_lock(&mu);
+	sample_work(s, g);
+	unsigned int gpu = work[g->index].util, mem = 0;
+	pthread_mutex_unlock(&mu);
+	unsigned long long since = clock_ns(CLOCK_REALTIME) / 1000 - 1000000ULL;
+	for (int i = 0; i < s->nsamples; i++) {
+		struct sample *p = &s->samples[i];
+		int newest = p->gpu == g->index && p->ts > since;
+		for (int j = i + 1; j < s->nsamples && newest; j++)
+			if (s->samples[j].gpu == p->gpu && s->samples[j].pid == p->pid && s->samples[j].ts >= p->ts)
+				newest = 0;
+		if (newest) {
+			gpu += p->sm;
+			mem += p->mem;
+		}
+	}
+	*utilization = (nvmlUtilization_t){.gpu = gpu > 100 ? 100 : gpu, .memory = mem > 100 ? 100 : mem};
+	return NVML_SUCCESS;
+}
+// ---- end of fake GPU work -----------------------------------------------
 
 nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *current, unsigned int *pending) {
 	WITH_DEVICE(s, g, device)
@@ -722,6 +969,15 @@ nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long ty
 // wait_error is the script's eventerr that fails this wait, counted; the
 // caller holds mu.
 static struct eventerr *wait_error(struct script *s) {
+	// A count whose record the script dropped (ClearFaults, a new double)
+	// frees its slot: a long-lived process meets many records.
+	for (int j = 0; j < MAX_ERRS; j++) {
+		int listed = 0;
+		for (int i = 0; i < s->nerrs && !listed; i++)
+			listed = consumed[j].id == s->errs[i].id;
+		if (consumed[j].valid && !listed)
+			consumed[j].valid = consumed[j].used = 0;
+	}
 	for (int i = 0; i < s->nerrs; i++) {
 		struct eventerr *e = &s->errs[i];
 		int slot = -1;
@@ -799,4 +1055,82 @@ nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsi
 			return NVML_ERROR_TIMEOUT;
 		nanosleep(&pause, NULL);
 	}
+}
+
+// ---- Topology calls (issue 30 item 1) -------------------------------------
+typedef int nvmlEnableState_t; // NVML_FEATURE_DISABLED = 0, NVML_FEATURE_ENABLED = 1
+
+typedef struct {
+	char busIdLegacy[16]; // NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE
+	unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
+	char busId[32]; // NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE
+} nvmlPciInfo_t;
+
+// fill_pci fills a PciInfo as NVML does: busId "%08X:%02X:%02X.0"
+// (NVML_DEVICE_PCI_BUS_ID_FMT), busIdLegacy "%04X:%02X:%02X.0", the
+// device and vendor ids of an H100 (0x2330, 0x10de).
+static void fill_pci(nvmlPciInfo_t *pci, unsigned int domain, unsigned int bus, unsigned int dev) {
+	memset(pci, 0, sizeof(*pci));
+	pci->domain = domain;
+	pci->bus = bus;
+	pci->device = dev;
+	pci->pciDeviceId = 0x233010deU;
+	snprintf(pci->busIdLegacy, sizeof(pci->busIdLegacy), "%04X:%02X:%02X.0", domain & 0xffff, bus, dev);
+	snprintf(pci->busId, sizeof(pci->busId), "%08X:%02X:%02X.0", domain, bus, dev);
+}
+
+static nvmlReturn_t pci_info(nvmlDevice_t device, nvmlPciInfo_t *pci) {
+	WITH_DEVICE(s, g, device)
+	if (!pci)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	fill_pci(pci, g->pci_domain, g->pci_bus, g->pci_dev);
+	return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci) { return pci_info(device, pci); }
+nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t device, nvmlPciInfo_t *pci) { return pci_info(device, pci); }
+nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t device, nvmlPciInfo_t *pci) { return pci_info(device, pci); }
+
+// link_of finds the record of GPU g's link; NULL when it is down. Its
+// answer is nvml.h's: NOT_SUPPORTED on a GPU without NVLink ("the device
+// doesn't support this feature"), INVALID_ARGUMENT for a link it does not
+// have ("device or link is invalid").
+static nvmlReturn_t link_of(struct script *s, struct gpu *g, unsigned int link, struct nvlink **out) {
+	*out = NULL;
+	if (g->nvlinks == 0)
+		return NVML_ERROR_NOT_SUPPORTED;
+	if (link >= (unsigned int)g->nvlinks)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	for (int i = 0; i < s->nlinks; i++)
+		if (s->links[i].gpu == g->index && s->links[i].link == (int)link && s->links[i].active)
+			*out = &s->links[i];
+	return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link, nvmlEnableState_t *isActive) {
+	WITH_DEVICE(s, g, device)
+	if (!isActive)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	struct nvlink *l;
+	nvmlReturn_t ret = link_of(s, g, link, &l);
+	if (ret != NVML_SUCCESS)
+		return ret;
+	*isActive = l != NULL;
+	return NVML_SUCCESS;
+}
+
+// The remote end of a link that is down: nvml.h does not say; the double
+// answers NVML_ERROR_NOT_SUPPORTED (gpud asks only active links).
+nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, unsigned int link, nvmlPciInfo_t *pci) {
+	WITH_DEVICE(s, g, device)
+	if (!pci)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	struct nvlink *l;
+	nvmlReturn_t ret = link_of(s, g, link, &l);
+	if (ret != NVML_SUCCESS)
+		return ret;
+	if (!l)
+		return NVML_ERROR_NOT_SUPPORTED;
+	fill_pci(pci, l->domain, l->bus, l->dev);
+	return NVML_SUCCESS;
 }

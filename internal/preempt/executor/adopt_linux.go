@@ -33,6 +33,24 @@ func Unthawed(recs []preempt.Record) map[string]preempt.Record {
 	return out
 }
 
+// Preempting reports whether cgroup directory path is frozen for a
+// preemption: a suspension of this executor's, or one the journal names
+// as frozen and never thawed (Unthawed: a previous gpud's, to adopt).
+// Another freezer (the compute scheduler's journal thaw) must leave it.
+func (e *Executor) Preempting(path string) bool {
+	e.mu.Lock()
+	s := e.susp[path]
+	e.mu.Unlock()
+	if s != nil {
+		return true
+	}
+	if e.Journal == nil {
+		return false
+	}
+	_, ok := Unthawed(e.Journal.Recent())[path]
+	return ok
+}
+
 // UnthawedCheckpoints reports whether the journal names a process whose
 // CUDA state a gpud checkpointed and never restored: the next gpud needs
 // the CUDA API to restore it, whatever its --preempt-mode.

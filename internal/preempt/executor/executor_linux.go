@@ -67,6 +67,14 @@ type Executor struct {
 	// memory, so it is chosen only when the preemptor can have as much
 	// (memoryModes).
 	GPUMemory func(gpu int, pids []int) (free, held uint64, ok bool)
+	// Claim, when set, is called with a workload's cgroup directory before
+	// its freezer is read for a freeze: from then on until Unclaim the
+	// compute scheduler neither thaws nor freezes it. It reports whether
+	// the scheduler held it frozen: that freeze becomes the executor's
+	// (thawed when the suspension ends), not "paused by someone else".
+	Claim func(path string) (throttled bool)
+	// Unclaim, when set, ends a Claim: the suspension ended or none began.
+	Unclaim func(path string)
 
 	watchedAt time.Time // the last watchThawed
 

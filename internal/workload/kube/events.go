@@ -52,6 +52,18 @@ func (p *Events) Warn(podUID, reason, msg string) {
 	}
 }
 
+// Note queues a Normal Event on the pod podUID, as Warn queues a Warning.
+func (p *Events) Note(podUID, reason, msg string) {
+	if p == nil || podUID == "" {
+		return
+	}
+	select {
+	case p.notes <- note{podUID: podUID, typ: corev1.EventTypeNormal, reason: reason, msg: msg}:
+	default:
+		p.log.Warn("event queue full: event dropped", "pod_uid", podUID, "reason", reason)
+	}
+}
+
 // Record queues a record's events; when the queue is full they are dropped
 // (the journal keeps the record). A nil Events (no API server) posts none.
 func (p *Events) Record(r preempt.Record) {
@@ -117,6 +129,11 @@ func (p *Events) post(ctx context.Context, r preempt.Record) {
 		if r.Rule == sharing.Rule {
 			vReason, vMsg = "GPUMemoryShareExceeded", fmt.Sprintf("gpud killed process %d on GPU %d: this pod was over its GPU memory share and %s needed the memory (%s)", r.Victim.PID, r.GPU, describe(pre, pok, r.Preemptor), r.Result)
 			pReason, pMsg = "GPUMemoryShareReturned", fmt.Sprintf("gpud preempted %s, over its GPU memory share on GPU %d, for this pod", describe(victim, vok, r.Victim), r.GPU)
+			break
+		}
+		if r.Rule == preempt.RuleSharedHigh {
+			vReason, vMsg = "GPUPreemptedForShare", fmt.Sprintf("gpud killed process %d on GPU %d: %s, a high-priority sharer, needed the memory of its share; this pod was %s (%s)", r.Victim.PID, r.GPU, describe(pre, pok, r.Preemptor), r.Reason, r.Result)
+			pReason, pMsg = "GPUMemoryShareReturned", fmt.Sprintf("gpud preempted %s, a low-priority sharer of GPU %d, for this pod", describe(victim, vok, r.Victim), r.GPU)
 			break
 		}
 		vReason, vMsg = "GPUPreempted", fmt.Sprintf("gpud killed process %d on GPU %d for %s (%s)", r.Victim.PID, r.GPU, describe(pre, pok, r.Preemptor), r.Result)

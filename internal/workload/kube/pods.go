@@ -151,7 +151,7 @@ func (p *Pods) put(obj any) {
 		TaskID: pod.Labels[workload.LabelTaskID], PreemptMode: pod.Labels[workload.LabelPreemptMode],
 		LivenessProbe: hasLivenessProbe(pod), LiveLabels: true,
 	}
-	w.Priority, w.Agent = p.Registry.ClassifyPod(uid, pod.Namespace, pod.Labels)
+	w.Priority, w.Agent = p.Registry.ClassifyPodPriority(uid, pod.Namespace, pod.Labels, pod.Spec.Priority)
 	if w.TaskID == "" {
 		w.TaskID = pod.Namespace + "/" + pod.Name
 	}

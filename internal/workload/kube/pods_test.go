@@ -543,3 +543,70 @@ func TestPodsAgents(t *testing.T) {
 		}
 	}
 }
+
+// With --priority-classes the informer classes a pod by its priority (its
+// PriorityClass's value, as the scheduler preempts by it): a pod above the
+// threshold without a label is high, one below it labelled high is low
+// (the PriorityClass is the admin's, the label the tenant's), an unmapped
+// priority leaves the label to decide, an agent pod stays an agent; and a
+// source that sees no priority (NRI) does not undo the class.
+func TestPodsClassByPriorityClass(t *testing.T) {
+	prio := func(p *corev1.Pod, v int32) *corev1.Pod { p.Spec.Priority = &v; return p }
+	objs := []runtime.Object{
+		prio(newPod("ml", "serve", uid(1), thisNode, nil), 1000),
+		prio(newPod("ml", "forged", uid(2), thisNode, map[string]string{workload.LabelPriority: "high"}), 0),
+		prio(newPod("ml", "middle", uid(3), thisNode, map[string]string{workload.LabelPriority: "low"}), 500),
+		newPod("ml", "none", uid(4), thisNode, map[string]string{workload.LabelPriority: "high"}),
+		prio(newPod("gpu-operator", "nvidia-dcgm-exporter-x", uid(5), thisNode, map[string]string{"app": "nvidia-dcgm-exporter"}), 2000001000),
+	}
+	classes, err := workload.ParsePriorityClasses([]string{"high>=1000", "low<100"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := &workload.Registry{Default: occupancy.Unmanaged, PriorityClasses: classes,
+		Agents: workload.Agents{Namespaces: []string{"gpu-operator"}, Labels: []string{"app=nvidia-*"}}}
+	runPods(t, &Pods{Client: newNodeClient(t, objs...), Node: thisNode, Registry: reg, CgroupRoot: t.TempDir()})
+	testutil.Eventually(t, 5*time.Second, "5 pods registered", func() bool { return len(reg.Workloads()) >= 5 })
+	for id, want := range map[string]struct {
+		class  occupancy.Priority
+		agent  bool
+		reason string
+	}{
+		uid(1): {occupancy.High, false, workload.ReasonPriorityClass},
+		uid(2): {occupancy.Low, false, workload.ReasonPriorityClass},
+		uid(3): {occupancy.Low, false, workload.ReasonLabel},
+		uid(4): {occupancy.High, false, workload.ReasonLabel},
+		uid(5): {occupancy.Unmanaged, true, workload.ReasonAgent},
+	} {
+		w, ok := podWorkload(reg, id)
+		_, _, _, reason := reg.Explain(occupancy.ProcInfo{PodUID: id, CgroupID: w.CgroupID})
+		if !ok || w.Priority != want.class || w.Agent != want.agent || reason != want.reason {
+			t.Errorf("pod %s: %+v (reason %q), want class %s agent %v reason %q", id, w, reason, want.class, want.agent, want.reason)
+		}
+	}
+	// NRI, which sees the label only, classifies the serving pod again.
+	if p, _ := reg.ClassifyPod(uid(2), "ml", map[string]string{workload.LabelPriority: "high"}); p != occupancy.Low {
+		t.Errorf("a label-only source made the PriorityClass-low pod %s", p)
+	}
+}
+
+func TestParsePriorityClasses(t *testing.T) {
+	m, err := workload.ParsePriorityClasses([]string{"high>=1000", "low<=-1", "high>500", "low<0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for v, want := range map[int32]occupancy.Priority{1000: occupancy.High, 2000001000: occupancy.High, 999: occupancy.High, 500: "", -1: occupancy.Low, 0: ""} {
+		got, ok := m.Class(&v)
+		if got != want || ok != (want != "") {
+			t.Errorf("Class(%d) = %q %v, want %q", v, got, ok, want)
+		}
+	}
+	if _, ok := m.Class(nil); ok {
+		t.Error("a pod without a priority was mapped")
+	}
+	for _, bad := range []string{"", "high", "high>=", "high=1000", "urgent>=1", " high>=1", "high>=1 ", "low<abc", "high>=3000000000", "HIGH>=1"} {
+		if err := workload.CheckPriorityClass(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}

@@ -1,0 +1,505 @@
+package compute
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gpud/gpud/internal/occupancy"
+	"github.com/gpud/gpud/internal/sharing"
+	"github.com/gpud/gpud/internal/workload"
+)
+
+// Utilization is per-process GPU utilization (NVML's process utilization).
+type Utilization interface {
+	// Utilization returns the percent of GPU gpu (0–100) each process,
+	// by PID, used since the previous call for that GPU. Busy processes
+	// sharing a GPU share its 100 %; a frozen process uses 0.
+	Utilization(gpu int) (map[int]float64, error)
+}
+
+// Freezer finds, freezes and thaws workload cgroups (CgroupFreezer).
+type Freezer interface {
+	Locate(pid int, cgroupID uint64) (Cgroup, error)
+	Set(c Cgroup, frozen bool) error
+	// Paused: frozen by anyone (a cgroup someone else paused is not the
+	// scheduler's).
+	Paused(c Cgroup) (bool, error)
+}
+
+// Holders is who holds each GPU: the ledger.
+type Holders interface {
+	Snapshot(now time.Time) occupancy.Snapshot
+}
+
+// Workloads finds a pod's workload cgroup: the registry.
+type Workloads interface {
+	Lookup(p occupancy.ProcInfo) (workload.Workload, bool)
+}
+
+// Clock is time, for tests.
+type Clock interface {
+	Now() time.Time
+	After(d time.Duration) <-chan time.Time
+}
+
+type realClock struct{}
+
+func (realClock) Now() time.Time                         { return time.Now() }
+func (realClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
+
+// Config is what a Controller is built from.
+type Config struct {
+	Settings
+	Book      *sharing.Book
+	Holders   Holders
+	Workloads Workloads
+	// Utilization measures the pods' use; nil: the token's time is
+	// charged and no pod is called idle (no work conservation).
+	Utilization Utilization
+	// Samples, when Utilization is nil, is NVML's per-process
+	// utilization at its last sample (gpumon.Monitor.Utilization): each
+	// process's percent of the GPU, by PID, and the sample's time.
+	Samples func(gpu int) (map[int32]uint32, time.Time, error)
+	// Freezer: nil is the cgroups' (CgroupFreezer, on ProcRoot and
+	// CgroupRoot).
+	Freezer Freezer
+	// StateDir holds the journal (JournalFile); CgroupRoot is the cgroup v2
+	// mount (journaled paths are checked against it).
+	StateDir, CgroupRoot, ProcRoot string
+	// Preempted, when set, reports whether the preemption journal holds
+	// the cgroup directory path frozen (a previous gpud's preemption, for
+	// this one's executor to adopt): the journal thaw at start skips it.
+	Preempted func(path string) bool
+	// Enforcing: freeze only when rules are carried out (--enforce);
+	// otherwise the scheduler runs and is shown, and freezes nothing.
+	Enforcing func() bool
+	Clock     Clock
+	Log       *slog.Logger
+}
+
+// member is a sharing pod on one GPU.
+type member struct {
+	pod sharing.PodRef
+	Pod
+	pids []int
+	cg   Cgroup
+}
+
+// sampled is Utilization from the last NVML sample: its percentages
+// stand for the time since (the scheduler charges them per step); a
+// sample older than maxAge is no measurement.
+type sampled struct {
+	f      func(gpu int) (map[int32]uint32, time.Time, error)
+	clock  Clock
+	maxAge time.Duration
+}
+
+func (s sampled) Utilization(gpu int) (map[int]float64, error) {
+	m, at, err := s.f(gpu)
+	if err != nil {
+		return nil, err
+	}
+	if age := s.clock.Now().Sub(at); age > s.maxAge {
+		return nil, fmt.Errorf("compute: GPU %d's utilization sample is %s old", gpu, age.Round(time.Millisecond))
+	}
+	out := make(map[int]float64, len(m))
+	for pid, pct := range m {
+		out[int(pid)] = float64(pct)
+	}
+	return out, nil
+}
+
+// Scheduling reports whether GPU gpu has pods sharing its compute (its
+// per-process utilization is then sampled); false for a nil Controller.
+func (c *Controller) Scheduling(gpu int) bool {
+	if c == nil {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.members[gpu]) > 0
+}
+
+// Controller runs a Sched per shared GPU with compute targets and freezes
+// and thaws the pods' cgroups as they decide.
+type Controller struct {
+	cfg Config
+
+	mu      sync.Mutex
+	scheds  map[int]*Sched
+	members map[int][]member
+	frozen  map[Cgroup]bool // frozen by the scheduler now
+	// preempted: cgroup directories the preemption executor holds
+	// (Preempt): never frozen or thawed by the scheduler.
+	preempted map[string]bool
+	managed   []Cgroup // journaled
+	guard     *guard   // started before the first freeze (GuardExe)
+	ops       atomic.Uint64
+}
+
+// New builds a Controller; Run starts it.
+func New(cfg Config) *Controller {
+	if cfg.Clock == nil {
+		cfg.Clock = realClock{}
+	}
+	if cfg.Freezer == nil {
+		cfg.Freezer = newFDFreezer(CgroupFreezer{ProcRoot: cfg.ProcRoot, CgroupRoot: cfg.CgroupRoot})
+	}
+	if cfg.Utilization == nil && cfg.Samples != nil {
+		cfg.Utilization = sampled{f: cfg.Samples, clock: cfg.Clock, maxAge: 2 * cfg.Period}
+	}
+	if cfg.Enforcing == nil {
+		cfg.Enforcing = func() bool { return true }
+	}
+	return &Controller{cfg: cfg, scheds: map[int]*Sched{}, members: map[int][]member{}, frozen: map[Cgroup]bool{}, preempted: map[string]bool{}}
+}
+
+// Ops counts the freezes and thaws done.
+func (c *Controller) Ops() uint64 { return c.ops.Load() }
+
+// Run thaws what a previous gpud left frozen (the journal), then
+// schedules every Slice until ctx ends, when it thaws everything it froze.
+func (c *Controller) Run(ctx context.Context) {
+	if n, err := ThawJournal(c.cfg.StateDir, c.cfg.CgroupRoot, c.cfg.Freezer, c.cfg.Preempted); err != nil || n > 0 {
+		c.cfg.Log.Warn("thawed the cgroups a previous gpud's compute scheduler left frozen", "cgroups", n, "error", err)
+	}
+	defer c.stop()
+	next := c.cfg.Clock.Now()
+	var refreshed time.Time
+	for {
+		now := c.cfg.Clock.Now()
+		if now.Sub(refreshed) >= c.cfg.Period {
+			c.refresh(now)
+			refreshed = now
+		}
+		c.tick(now)
+		next = next.Add(c.cfg.Slice)
+		if c.idle() {
+			next = now.Add(c.cfg.Period) // nothing shared by compute: look again a Period later
+		} else if next.Before(now) {
+			next = now.Add(c.cfg.Slice) // late: no burst to catch up
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.cfg.Clock.After(next.Sub(now)):
+		}
+	}
+}
+
+func (c *Controller) idle() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.members) == 0 && len(c.frozen) == 0
+}
+
+// refresh reads the book and the holders: each GPU's sharing pods with a
+// compute target, their processes on it and their cgroup.
+func (c *Controller) refresh(now time.Time) {
+	byGPU := map[int][]sharing.Share{}
+	for _, sh := range c.cfg.Book.Shares() {
+		if sh.Compute > 0 {
+			byGPU[sh.GPU] = append(byGPU[sh.GPU], sh)
+		}
+	}
+	members := map[int][]member{}
+	if len(byGPU) > 0 {
+		snap := c.cfg.Holders.Snapshot(now)
+		for _, g := range snap.GPUs {
+			if len(byGPU[g.Index]) > 0 {
+				members[g.Index] = c.membersOf(byGPU[g.Index], g.Holders)
+			}
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.members = members
+	for gpu := range c.scheds {
+		if _, ok := members[gpu]; !ok {
+			delete(c.scheds, gpu)
+		}
+	}
+	for gpu := range members {
+		if c.scheds[gpu] == nil {
+			c.scheds[gpu] = NewSched(c.cfg.Settings)
+		}
+	}
+}
+
+func (c *Controller) membersOf(shares []sharing.Share, holders []occupancy.HolderView) []member {
+	byPod := map[string]*member{}
+	var order []string
+	for _, sh := range shares {
+		for _, p := range sh.Pods {
+			if p.UID == "" {
+				continue
+			}
+			m := byPod[p.UID]
+			if m == nil {
+				m = &member{pod: p, Pod: Pod{UID: p.UID}}
+				byPod[p.UID] = m
+				order = append(order, p.UID)
+			}
+			m.Target += sh.Compute // two claims of one pod on one GPU: their sum
+			m.HardCap = m.HardCap || sh.HardCap
+		}
+	}
+	for _, h := range holders {
+		m := byPod[h.PodUID]
+		if m == nil || h.PodUID == "" {
+			continue
+		}
+		m.pids = append(m.pids, h.PID)
+		if h.Priority == occupancy.High || h.Agent {
+			m.Exempt = true // high priority and agents are never frozen
+		}
+	}
+	var out []member
+	for _, uid := range order {
+		m := byPod[uid]
+		if len(m.pids) == 0 {
+			continue // not on the GPU: nothing to share
+		}
+		w, ok := c.cfg.Workloads.Lookup(occupancy.ProcInfo{PodUID: uid})
+		if !ok || w.CgroupID == 0 || w.PodUID != uid || w.Agent {
+			continue
+		}
+		cg, err := c.cfg.Freezer.Locate(m.pids[0], w.CgroupID)
+		if err != nil {
+			c.cfg.Log.Debug("no freezer for a sharing pod", "pod_uid", uid, "error", err)
+			continue
+		}
+		m.cg = cg
+		out = append(out, *m)
+	}
+	return out
+}
+
+// tick steps each GPU's scheduler and freezes and thaws as it says.
+func (c *Controller) tick(now time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	want := map[Cgroup]bool{} // frozen?
+	for gpu, ms := range c.members {
+		var use map[string]float64
+		if c.cfg.Utilization != nil {
+			if u, err := c.cfg.Utilization.Utilization(gpu); err == nil {
+				use = map[string]float64{}
+				for _, m := range ms {
+					for _, pid := range m.pids {
+						use[m.UID] += u[pid] / 100
+					}
+				}
+			}
+		}
+		pods := make([]Pod, 0, len(ms))
+		for _, m := range ms {
+			if c.preempted[m.cg.Path] {
+				continue // the executor's: frozen for a preemption, thawed by it
+			}
+			if !c.frozen[m.cg] && !m.Exempt && c.pausedByOther(m.cg) {
+				continue // paused by someone else (docker pause, a preemption): not ours
+			}
+			pods = append(pods, m.Pod)
+		}
+		run := c.scheds[gpu].Step(now, pods, use)
+		for _, p := range pods {
+			m := ms[slices.IndexFunc(ms, func(m member) bool { return m.UID == p.UID })]
+			// A pod sharing two GPUs runs only when both let it.
+			want[m.cg] = want[m.cg] || !run[p.UID]
+		}
+	}
+	if !c.cfg.Enforcing() {
+		clear(want)
+	}
+	c.journal(want)
+	// Freezes first (each waits, briefly, until its cgroup is frozen),
+	// then thaws: the token's old and new holders do not run together.
+	for _, freeze := range []bool{true, false} {
+		for cg, fz := range want {
+			if fz == freeze && fz != c.frozen[cg] {
+				c.set(cg, fz)
+			}
+		}
+	}
+	for cg := range c.frozen {
+		if _, ok := want[cg]; !ok {
+			c.set(cg, false) // no longer scheduled
+		}
+	}
+}
+
+func (c *Controller) pausedByOther(cg Cgroup) bool {
+	p, err := c.cfg.Freezer.Paused(cg)
+	return err == nil && p
+}
+
+func (c *Controller) set(cg Cgroup, frozen bool) {
+	if c.preempted[cg.Path] {
+		delete(c.frozen, cg) // handed to the executor (Preempt): its to thaw
+		return
+	}
+	c.ops.Add(1)
+	if err := c.cfg.Freezer.Set(cg, frozen); err != nil {
+		c.cfg.Log.Debug("compute scheduler: freezer write failed", "cgroup", cg.Path, "frozen", frozen, "error", err)
+		if !frozen {
+			return // still ours to thaw next tick
+		}
+	}
+	if frozen {
+		c.frozen[cg] = true
+	} else {
+		delete(c.frozen, cg)
+	}
+}
+
+// journal writes the cgroups that may be frozen (those scheduled, those
+// still frozen) before any is frozen, when that set grew, and drops the
+// ones gone once thawed.
+func (c *Controller) journal(want map[Cgroup]bool) {
+	set := map[Cgroup]bool{}
+	for cg := range want {
+		set[cg] = true
+	}
+	for cg := range c.frozen {
+		set[cg] = true
+	}
+	cgs := slices.SortedFunc(maps.Keys(set), func(a, b Cgroup) int {
+		if a.Path != b.Path {
+			return strings.Compare(a.Path, b.Path)
+		}
+		return strings.Compare(a.Kind, b.Kind)
+	})
+	if slices.Equal(cgs, c.managed) {
+		return
+	}
+	if len(cgs) > 0 && c.guard == nil && GuardExe != "" {
+		g, note, err := startGuard(GuardExe, c.cfg.StateDir, c.cfg.CgroupRoot)
+		if err != nil {
+			// Without a guard a SIGKILLed gpud's freezes would last until
+			// the next gpud starts: nothing is frozen.
+			c.cfg.Log.Warn("compute scheduler: no thaw guard; freezing nothing", "error", err)
+			clear(want)
+			return
+		}
+		c.guard = g
+		c.cfg.Log.Info("compute scheduler: thaw guard started", "pid", g.cmd.Process.Pid, "cgroup", note)
+	}
+	if err := writeJournal(c.cfg.StateDir, cgs); err != nil {
+		// Without a journal nothing is frozen: a crash would leave it so.
+		c.cfg.Log.Warn("compute scheduler: cannot journal; freezing nothing", "error", err)
+		clear(want)
+		return
+	}
+	c.managed = cgs
+}
+
+// Preempt hands the cgroup directory path to the preemption executor
+// before it reads or writes its freezer: from then on until Unpreempt the
+// scheduler neither freezes nor thaws it (a thaw would undo the
+// preemption). It reports whether the scheduler held path frozen: that
+// freeze is the executor's now (it thaws it when the preemption ends).
+// Taken under the lock a tick holds while it freezes and thaws, so no
+// thaw of the scheduler's lands after it. Nil-safe.
+func (c *Controller) Preempt(path string) (throttled bool) {
+	if c == nil {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.preempted[path] = true
+	for cg := range c.frozen {
+		if cg.Path == path {
+			delete(c.frozen, cg)
+			throttled = true
+		}
+	}
+	// Out of the journal before the executor freezes or journals it: the
+	// thaw guard, or the next gpud, must not undo the preemption.
+	if kept := slices.DeleteFunc(slices.Clone(c.managed), func(cg Cgroup) bool { return cg.Path == path }); len(kept) != len(c.managed) {
+		if err := writeJournal(c.cfg.StateDir, kept); err != nil {
+			c.cfg.Log.Warn("compute scheduler: cannot journal a preempted cgroup's hand-over", "cgroup", path, "error", err)
+		} else {
+			c.managed = kept
+		}
+	}
+	return throttled
+}
+
+// Unpreempt gives path back to the scheduler: the executor's preemption of
+// it ended (thawed, killed, or never frozen). Nil-safe.
+func (c *Controller) Unpreempt(path string) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.preempted, path)
+}
+
+// stop thaws every cgroup the scheduler froze and removes the journal.
+func (c *Controller) stop() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for cg := range c.frozen {
+		c.set(cg, false)
+	}
+	if len(c.frozen) == 0 {
+		if err := writeJournal(c.cfg.StateDir, nil); err == nil {
+			c.managed = nil
+		}
+	}
+	c.guard.close() // nothing journaled: it thaws nothing; else what stayed frozen
+	c.guard = nil
+	c.members = map[int][]member{}
+	if fz, ok := c.cfg.Freezer.(*fdFreezer); ok {
+		fz.Close() // its cgroups' files (a later Run opens them again)
+	}
+}
+
+// GPUStatus is one shared GPU's compute scheduling (Snapshot).
+type GPUStatus struct {
+	GPU  int
+	Pods []PodShare
+}
+
+// PodShare is a pod's status with its name.
+type PodShare struct {
+	PodStatus
+	Namespace, Name string
+	// Frozen: its cgroup is frozen by the scheduler now (for this GPU or
+	// another it shares).
+	Frozen bool
+}
+
+// Snapshot is every shared GPU's pods: target, measured share, throttled
+// time and state; ordered by GPU. Nil for a nil Controller.
+func (c *Controller) Snapshot() []GPUStatus {
+	if c == nil {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []GPUStatus
+	for _, gpu := range slices.Sorted(maps.Keys(c.scheds)) {
+		g := GPUStatus{GPU: gpu}
+		for _, st := range c.scheds[gpu].Snapshot() {
+			ps := PodShare{PodStatus: st}
+			for _, m := range c.members[gpu] {
+				if m.UID == st.UID {
+					ps.Namespace, ps.Name, ps.Frozen = m.pod.Namespace, m.pod.Name, c.frozen[m.cg]
+				}
+			}
+			g.Pods = append(g.Pods, ps)
+		}
+		out = append(out, g)
+	}
+	return out
+}

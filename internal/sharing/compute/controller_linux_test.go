@@ -1,0 +1,214 @@
+package compute
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/gpud/gpud/internal/sharing"
+)
+
+// recFreezer records the freezer's state per cgroup and checks the
+// journal lists a cgroup before its first freeze.
+type recFreezer struct {
+	t      *testing.T
+	state  string
+	frozen map[Cgroup]bool
+	ops    int
+	paused map[Cgroup]bool // paused by someone else
+}
+
+func (f *recFreezer) Locate(pid int, _ uint64) (Cgroup, error) {
+	return Cgroup{Kind: "freezer.state", Path: fmt.Sprintf("/sys/fs/cgroup/freezer/pod%d", pid)}, nil
+}
+
+func (f *recFreezer) Set(c Cgroup, frozen bool) error {
+	f.ops++
+	if frozen {
+		cgs, err := readJournal(f.state)
+		found := false
+		for _, j := range cgs {
+			found = found || j == c
+		}
+		if err != nil || !found {
+			f.t.Errorf("%s frozen before it was journaled (journal %v, %v)", c.Path, cgs, err)
+		}
+	}
+	f.frozen[c] = frozen
+	return nil
+}
+
+func (f *recFreezer) Paused(c Cgroup) (bool, error) { return f.frozen[c] || f.paused[c], nil }
+
+func newTestController(t *testing.T, targets ...int) (*Controller, *recFreezer, fakeHolders) {
+	state := t.TempDir()
+	fz := &recFreezer{t: t, state: state, frozen: map[Cgroup]bool{}, paused: map[Cgroup]bool{}}
+	book := sharing.NewBook()
+	holders := fakeHolders{}
+	for i, target := range targets {
+		uid := fmt.Sprintf("pod-%d", i)
+		holders[uid] = 100 + i
+		book.Set(uid, []sharing.Share{{ClaimUID: uid, GPU: 0, Compute: target, Pods: []sharing.PodRef{{UID: uid, Namespace: "ns", Name: uid}}}})
+	}
+	c := New(Config{Settings: Settings{Slice: 20 * time.Millisecond, Period: time.Second}, Book: book, Holders: holders,
+		Workloads: fakeWorkloads{}, Freezer: fz, StateDir: state, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	return c, fz, holders
+}
+
+// The controller journals before freezing, freezes all but the token's
+// holder, and thaws everything (and drops the journal) when it stops.
+func TestControllerFreezesJournaledAndThawsAtStop(t *testing.T) {
+	c, fz, _ := newTestController(t, 25, 75)
+	now := time.Unix(1000, 0)
+	c.refresh(now)
+	if !c.Scheduling(0) || c.Scheduling(1) {
+		t.Fatalf("scheduling GPU 0 %v, GPU 1 %v", c.Scheduling(0), c.Scheduling(1))
+	}
+	held := map[string]int{}
+	for range 400 {
+		c.tick(now)
+		n := 0
+		for _, f := range fz.frozen {
+			if f {
+				n++
+			}
+		}
+		if n != 1 {
+			t.Fatalf("%d of 2 pods frozen, want 1", n)
+		}
+		held[c.scheds[0].Holder()]++
+		now = now.Add(20 * time.Millisecond)
+	}
+	if held["pod-0"] < 90 || held["pod-0"] > 110 {
+		t.Errorf("the 25 %% pod held %d of 400 slices", held["pod-0"])
+	}
+	snap := c.Snapshot()
+	if len(snap) != 1 || len(snap[0].Pods) != 2 || snap[0].Pods[0].Name != "pod-0" || snap[0].Pods[0].Target != 25 || snap[0].Pods[0].Throttled < 5*time.Second {
+		t.Errorf("snapshot %+v", snap)
+	}
+	c.stop()
+	for cg, f := range fz.frozen {
+		if f {
+			t.Errorf("%s still frozen after stop", cg.Path)
+		}
+	}
+	if cgs, err := readJournal(c.cfg.StateDir); err != nil || len(cgs) != 0 {
+		t.Errorf("journal after stop: %v, %v", cgs, err)
+	}
+}
+
+// Without --enforce nothing is frozen; a pod paused by someone else
+// (docker pause, a preemption) is left alone, never thawed.
+func TestControllerNotEnforcingAndPausedByOther(t *testing.T) {
+	c, fz, _ := newTestController(t, 50, 50)
+	c.cfg.Enforcing = func() bool { return false }
+	now := time.Unix(1000, 0)
+	c.refresh(now)
+	for range 50 {
+		c.tick(now)
+		now = now.Add(20 * time.Millisecond)
+	}
+	if fz.ops != 0 {
+		t.Errorf("%d freezer writes without --enforce", fz.ops)
+	}
+	c.cfg.Enforcing = func() bool { return true }
+	other := Cgroup{Kind: "freezer.state", Path: filepath.Join("/sys/fs/cgroup/freezer", "pod100")}
+	fz.paused[other] = true
+	for range 50 {
+		c.tick(now)
+		now = now.Add(20 * time.Millisecond)
+	}
+	if _, touched := fz.frozen[other]; touched {
+		t.Error("the scheduler wrote the freezer of a cgroup someone else paused")
+	}
+}
+
+// A gpud that cannot journal freezes nothing.
+func TestControllerWithoutJournalFreezesNothing(t *testing.T) {
+	c, fz, _ := newTestController(t, 50, 50)
+	c.cfg.StateDir = "/proc/nonexistent/dir"
+	now := time.Unix(1000, 0)
+	c.refresh(now)
+	for range 20 {
+		c.tick(now)
+		now = now.Add(20 * time.Millisecond)
+	}
+	for cg, f := range fz.frozen {
+		if f {
+			t.Errorf("%s frozen without a journal", cg.Path)
+		}
+	}
+}
+
+// A cgroup the preemption executor takes (Preempt) while the scheduler
+// holds it frozen stays frozen: no tick, nor stop, thaws it (that would
+// undo the preemption); the scheduler's freeze is handed over, the
+// journal no longer lists it, and after Unpreempt it is scheduled again.
+func TestControllerNeverThawsAPreemptedCgroup(t *testing.T) {
+	c, fz, _ := newTestController(t, 50, 50)
+	now := time.Unix(1000, 0)
+	c.refresh(now)
+	var held Cgroup
+	for range 10 {
+		c.tick(now)
+		now = now.Add(20 * time.Millisecond)
+	}
+	for cg, f := range fz.frozen {
+		if f {
+			held = cg
+		}
+	}
+	if held.Path == "" {
+		t.Fatal("the scheduler froze no pod")
+	}
+	if !c.Preempt(held.Path) {
+		t.Fatal("Preempt did not report the scheduler's freeze")
+	}
+	for range 200 { // both pods would hold the token many times
+		c.tick(now)
+		now = now.Add(20 * time.Millisecond)
+		if !fz.frozen[held] {
+			t.Fatalf("the scheduler thawed %s, frozen for a preemption", held.Path)
+		}
+	}
+	if cgs, err := readJournal(c.cfg.StateDir); err != nil || slices.Contains(cgs, held) {
+		t.Errorf("journal %v (%v) still lists the preempted cgroup: the next gpud would thaw it", cgs, err)
+	}
+	c.stop()
+	if !fz.frozen[held] {
+		t.Fatal("stop thawed a cgroup frozen for a preemption")
+	}
+	// The executor thaws it when the preemption ends, then gives it back.
+	fz.frozen[held] = false
+	c.Unpreempt(held.Path)
+	c.refresh(now)
+	froze := false
+	for range 50 {
+		c.tick(now)
+		now = now.Add(20 * time.Millisecond)
+		froze = froze || fz.frozen[held]
+	}
+	if !froze {
+		t.Error("a cgroup given back after its preemption was never scheduled again")
+	}
+}
+
+// The journal thaw at start leaves a cgroup the preemption journal holds
+// frozen, and thaws the others.
+func TestThawJournalSkipsPreempted(t *testing.T) {
+	state := t.TempDir()
+	a := Cgroup{Kind: "freezer.state", Path: "/sys/fs/cgroup/freezer/a"}
+	b := Cgroup{Kind: "freezer.state", Path: "/sys/fs/cgroup/freezer/b"}
+	if err := writeJournal(state, []Cgroup{a, b}); err != nil {
+		t.Fatal(err)
+	}
+	fz := &recFreezer{t: t, state: state, frozen: map[Cgroup]bool{a: true, b: true}, paused: map[Cgroup]bool{}}
+	n, err := ThawJournal(state, "/sys/fs/cgroup", fz, func(path string) bool { return path == a.Path })
+	if err != nil || n != 1 || !fz.frozen[a] || fz.frozen[b] {
+		t.Fatalf("thawed %d (%v): a frozen %v, b frozen %v; want only b thawed", n, err, fz.frozen[a], fz.frozen[b])
+	}
+}
