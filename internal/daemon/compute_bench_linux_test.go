@@ -17,7 +17,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -159,7 +158,7 @@ func runComputeRound(b *testing.B, plan computePlan, double *testutil.NVMLDouble
 	sample := func() {
 		row := make([]int64, len(works))
 		for i, w := range works {
-			row[i] = workNS(w.PID)
+			row[i], _ = testutil.BusyNS(w.PID)
 		}
 		at, busy = append(at, time.Now()), append(busy, row)
 	}
@@ -247,27 +246,6 @@ func roundShares(share func(i, j int) []float64, first, n, per int) [][]int {
 		out = append(out, row)
 	}
 	return out
-}
-
-// workNS is the time pid's threads ran or waited to run
-// (/proc/PID/task/*/schedstat): what the NVML double counts as its GPU use.
-func workNS(pid int) int64 {
-	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
-	var sum int64
-	for _, task := range tasks {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/schedstat", pid, task.Name()))
-		if err != nil {
-			continue
-		}
-		f := strings.Fields(string(b))
-		if len(f) < 2 {
-			continue
-		}
-		run, _ := strconv.ParseInt(f[0], 10, 64)
-		wait, _ := strconv.ParseInt(f[1], 10, 64)
-		sum += run + wait
-	}
-	return sum
 }
 
 // computeGpud is the re-executed gpud: it answers "ops" on its stdin with

@@ -3,11 +3,7 @@
 package daemon_test
 
 import (
-	"fmt"
 	"math"
-	"os"
-	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -42,32 +38,6 @@ func (e *env) computePod(double *testutil.NVMLDouble, book *sharing.Book, name s
 		return ok
 	})
 	return &computePod{name: name, uid: uid, work: testutil.StartGPUWork(e.t, double, nvmlIndex[0], e.gpus[0].Path, ctr, 1<<30)}
-}
-
-// busyNS is the time pid's threads ran or waited to run
-// (/proc/PID/task/*/schedstat), as the NVML double counts a process's GPU
-// use: a frozen process neither runs nor waits.
-func busyNS(t *testing.T, pid int) int64 {
-	t.Helper()
-	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sum int64
-	for _, task := range tasks {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/schedstat", pid, task.Name()))
-		if err != nil {
-			continue
-		}
-		f := strings.Fields(string(b))
-		if len(f) < 2 {
-			continue
-		}
-		run, _ := strconv.ParseInt(f[0], 10, 64)
-		wait, _ := strconv.ParseInt(f[1], 10, 64)
-		sum += run + wait
-	}
-	return sum
 }
 
 // shares measures each pod's share of the GPU (percent of wall time it
@@ -170,4 +140,13 @@ func TestComputeShareHardCapAlone(t *testing.T) {
 			t.Errorf("second %d: the capped pod has %.1f%% of the GPU, over its cap 30 + 5", w, row[0])
 		}
 	}
+}
+
+func busyNS(t *testing.T, pid int) int64 {
+	t.Helper()
+	n, err := testutil.BusyNS(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }

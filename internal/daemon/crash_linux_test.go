@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -25,20 +24,6 @@ import (
 	"github.com/gpud/gpud/internal/testutil"
 )
 
-// buildGpud builds the gpud binary once per test binary run.
-var buildGpud = sync.OnceValues(func() (string, error) {
-	dir, err := os.MkdirTemp("", "gpud-bin-")
-	if err != nil {
-		return "", err
-	}
-	bin := filepath.Join(dir, "gpud")
-	out, err := exec.Command("go", "build", "-o", bin, "github.com/gpud/gpud/cmd/gpud").CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("go build: %v\n%s", err, out)
-	}
-	return bin, nil
-})
-
 // gpudProc is the real gpud binary, run and killed by the crash campaign.
 type gpudProc struct {
 	t       *testing.T
@@ -55,7 +40,7 @@ type gpudProc struct {
 // when the test ends, and its log's last lines shown if the test failed.
 func newGpudProc(t *testing.T, e *env, extra ...string) *gpudProc {
 	t.Helper()
-	bin, err := buildGpud()
+	bin, err := testutil.BuildGpud()
 	if err != nil {
 		t.Fatal(err)
 	}

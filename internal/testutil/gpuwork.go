@@ -1,8 +1,12 @@
 package testutil
 
 import (
+	"fmt"
+	"os"
 	"os/exec"
 	"slices"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 )
@@ -68,4 +72,29 @@ func (n *NVMLDouble) removeProcess(tb testing.TB, pid int) {
 	n.processes = slices.DeleteFunc(n.processes, func(p NVMLProcess) bool { return p.PID == pid })
 	n.mu.Unlock()
 	n.write(tb)
+}
+
+// BusyNS is the time pid's threads ran or waited to run
+// (/proc/PID/task/*/schedstat), as the NVML double counts a process's GPU
+// use: a frozen process neither runs nor waits.
+func BusyNS(pid int) (int64, error) {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return 0, err
+	}
+	var sum int64
+	for _, task := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/schedstat", pid, task.Name()))
+		if err != nil {
+			continue // the thread is gone
+		}
+		f := strings.Fields(string(b))
+		if len(f) < 2 {
+			continue
+		}
+		run, _ := strconv.ParseInt(f[0], 10, 64)
+		wait, _ := strconv.ParseInt(f[1], 10, 64)
+		sum += run + wait
+	}
+	return sum, nil
 }

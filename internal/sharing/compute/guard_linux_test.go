@@ -1,13 +1,11 @@
 package compute
 
 import (
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -15,20 +13,6 @@ import (
 	"github.com/gpud/gpud/internal/cgroups"
 	"github.com/gpud/gpud/internal/testutil"
 )
-
-// buildGpud builds the gpud binary (its thaw-guard) once per test run.
-var buildGpud = sync.OnceValues(func() (string, error) {
-	dir, err := os.MkdirTemp("", "gpud-bin-")
-	if err != nil {
-		return "", err
-	}
-	bin := filepath.Join(dir, "gpud")
-	out, err := exec.Command("go", "build", "-o", bin, "github.com/gpud/gpud/cmd/gpud").CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("go build: %v\n%s", err, out)
-	}
-	return bin, nil
-})
 
 // guardBound is the written bound (docs/sharing.md "Fail open"): a pod the
 // scheduler froze is thawed this soon after gpud dies, with no gpud
@@ -41,7 +25,7 @@ const guardBound = 100 * time.Millisecond
 // thaw-guard, which left that cgroup, thaws both pods within guardBound.
 func TestKilledSchedulerThawedByItsGuard(t *testing.T) {
 	testutil.RequireRoot(t)
-	bin, err := buildGpud()
+	bin, err := testutil.BuildGpud()
 	if err != nil {
 		t.Fatal(err)
 	}
