@@ -161,8 +161,9 @@ func TestJudge(t *testing.T) {
 }
 
 // FuzzJudge: whatever the shares, processes and memory, only low-priority
-// pods over their share are chosen, only when the GPU's free memory is
-// short of the need, and every share gets one verdict.
+// pods are chosen, over their share unless a high sharer's need chose
+// them (the shared/high row), only when the GPU's free memory is short of
+// the need, and every share gets one verdict.
 func FuzzJudge(f *testing.F) {
 	f.Add([]byte{4, 6, 1, 8, 2, 3, 16, 12})
 	f.Add([]byte{1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1})
@@ -202,9 +203,19 @@ func FuzzJudge(f *testing.F) {
 		if len(j.Preempt) > 0 && (in.Memory == nil || j.Free >= j.Need) {
 			t.Fatalf("preempted %v with free %d ≥ need %d (memory %v)", j.Preempt, j.Free, j.Need, in.Memory)
 		}
+		highSharer := false
 		for _, u := range j.Uses {
-			if u.Preempt && (u.Priority != v1.Low || !u.Over) {
-				t.Fatalf("chose share %+v: not a low pod over its share", u)
+			highSharer = highSharer || u.Priority == v1.High
+		}
+		for _, u := range j.Uses {
+			if !u.Preempt {
+				continue
+			}
+			if u.Priority != v1.Low {
+				t.Fatalf("chose share %+v: not a low pod", u)
+			}
+			if !u.Over && (u.Rule != preempt.RuleSharedHigh || !highSharer) {
+				t.Fatalf("chose share %+v: within its share, and not for a high sharer's need", u)
 			}
 		}
 		for _, uid := range j.Preempt {
