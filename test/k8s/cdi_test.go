@@ -108,6 +108,8 @@ func TestBorrowerGetsCDIDevicesAndUUID(t *testing.T) {
 	for i, d := range lib.Devices {
 		md := d.(*dgxa100.Device)
 		md.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) { return nil, nvml.SUCCESS }
+		// go-nvml's DGX A100 answers no NVLink call; gpud asks for topology.
+		md.GetNvLinkStateFunc = func(int) (nvml.EnableState, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED }
 		md.Minor = 100 + i // no node of ours
 		if i == 3 {
 			md.Minor = 229 // the fake node's

@@ -73,6 +73,8 @@ func ownerActivityMock() (*dgxa100.Server, *atomic.Int64) {
 	for i, d := range lib.Devices {
 		md := d.(*dgxa100.Device)
 		md.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) { return nil, nvml.SUCCESS }
+		// go-nvml's DGX A100 answers no NVLink call; gpud asks for topology.
+		md.GetNvLinkStateFunc = func(int) (nvml.EnableState, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED }
 		if i == 0 {
 			md.Minor = 229
 			md.GetProcessUtilizationFunc = func(last uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
