@@ -407,7 +407,8 @@ func TestShareRuleOnTheCluster(t *testing.T) {
 	if r := killOf(f, low); !strings.Contains(r.Rule, "share") {
 		t.Errorf("the kill's rule %q does not name the share", r.Rule)
 	}
-	if out, _ := kubectl(t, "get", "events", "--field-selector", "involvedObject.name=srlow,reason=GPUMemoryShareExceeded", "-o", "name"); out == "" {
-		t.Error("no GPUMemoryShareExceeded Event on the low pod")
+	// A high sharer's need chose it (the shared/high row): its Event says so.
+	if out, _ := kubectl(t, "get", "events", "--field-selector", "involvedObject.name=srlow,reason=GPUPreemptedForShare", "-o", "name"); out == "" {
+		t.Error("no GPUPreemptedForShare Event on the low pod")
 	}
 }
