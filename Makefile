@@ -109,6 +109,8 @@ fuzz:
 # doc write).
 bench: build
 	scripts/deps.sh build test
+	scripts/dockerd.sh start
+	@set -e; trap 'scripts/dockerd.sh stop' EXIT; \
 	GO=$(GO) RUNS=$(RUNS) BENCHTIME=$(BENCHTIME) BENCH_SMOKE=$(BENCH_SMOKE) BENCH_KMATRIX='$(BENCH_KMATRIX)' scripts/bench.sh
 
 # On a node with an NVIDIA driver (nothing else: no CUDA toolkit, no

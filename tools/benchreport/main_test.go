@@ -84,8 +84,9 @@ func TestParseFailures(t *testing.T) {
 	if r.series != "loaded" {
 		t.Errorf("series from the file's name: %q", r.series)
 	}
-	if len(r.failures) != 2 {
-		t.Errorf("failures %q, want the --- FAIL and FAIL lines", r.failures)
+	want := []string{"--- FAIL: BenchmarkY", "  y_test.go:3: no gpud", "FAIL"}
+	if strings.Join(r.failures, "\n") != strings.Join(want, "\n") {
+		t.Errorf("failures %q, want the --- FAIL line, its reason and FAIL: %q", r.failures, want)
 	}
 	if _, err := parseRun("x", strings.NewReader("BenchmarkX-2\t1\t5 ns/op\t7\n")); err == nil {
 		t.Error("a result with a value and no unit parsed")

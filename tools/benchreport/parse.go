@@ -44,15 +44,28 @@ func parseRun(name string, r io.Reader) (*run, error) {
 	}
 	ru := &run{file: name, meta: map[string]string{}, figures: map[string]map[string]float64{}}
 	pending := ""
+	// why: how many of a failed benchmark's indented log lines (its
+	// t.Fatal message) are still to be kept beside its --- FAIL line, so
+	// that a report read only from CI's tail says why it failed.
+	why := 0
 	for _, line := range strings.Split(text, "\n") {
 		line = strings.TrimRight(line, " \t\r")
+		if why > 0 && strings.HasPrefix(line, "    ") {
+			ru.failures = append(ru.failures, "  "+strings.TrimSpace(line))
+			why--
+			continue
+		}
+		why = 0
 		switch {
+		case strings.HasPrefix(line, "--- FAIL"):
+			ru.failures = append(ru.failures, strings.TrimSpace(line))
+			why = 5
 		case strings.HasPrefix(line, "benchmeta: "):
 			k, v, _ := strings.Cut(strings.TrimPrefix(line, "benchmeta: "), " ")
 			ru.meta[k] = strings.TrimSpace(v)
 		case strings.HasPrefix(line, "cpu: ") && ru.meta["cpu"] == "":
 			ru.meta["cpu"] = strings.TrimPrefix(line, "cpu: ")
-		case strings.HasPrefix(line, "--- FAIL"), line == "FAIL", strings.HasPrefix(line, "FAIL\t"),
+		case line == "FAIL", strings.HasPrefix(line, "FAIL\t"),
 			strings.HasPrefix(line, "panic: "):
 			ru.failures = append(ru.failures, strings.TrimSpace(line))
 		default:
