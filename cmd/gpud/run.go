@@ -28,6 +28,7 @@ import (
 	"github.com/gpud/gpud/internal/metrics"
 	"github.com/gpud/gpud/internal/nvidia"
 	"github.com/gpud/gpud/internal/occupancy"
+	"github.com/gpud/gpud/internal/selfmem"
 	"github.com/gpud/gpud/internal/sharing/compute"
 	"github.com/gpud/gpud/internal/uninstall"
 	"github.com/gpud/gpud/internal/workload"
@@ -407,6 +408,9 @@ func cmdRun(args []string) error {
 		// relocations, the first /proc scan) goes back to the OS now, not over
 		// the scavenger's minutes: most of an idle gpud's heap was that.
 		debug.FreeOSMemory()
+		// And the executable's pages that start-up alone touched (most of
+		// its RSS: internal/selfmem), once start-up's code has run.
+		go selfmem.ReleaseAfter(ctx, selfmem.After, log)
 		if s.Explicit("monitoring") && d.Monitoring() != o.monitoring {
 			if err := d.SetMonitoring(o.monitoring); err != nil {
 				return errors.Join(fmt.Errorf("run: monitoring switch: %w", err), d.Close())

@@ -4,7 +4,9 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -127,5 +129,71 @@ func TestFreezerRecreatedCgroup(t *testing.T) {
 	}
 	if _, err := cgroups.OpenFreezer(cgroups.FreezerV2, dir, id); !errors.Is(err, cgroups.ErrCgroupMoved) {
 		t.Fatalf("opening by the old id: %v", err)
+	}
+}
+
+// WaitFrozenOnThread waits as WaitFrozen does (frozen: nil; not in time:
+// ErrFreezeTimeout) but keeps the caller's P while it waits: with one P, a
+// runnable goroutine beside it does not run until the wait is over (the
+// preemption's real-time thread gets no Go scheduler between the freeze's
+// notification and its record). (WaitFrozen, in ordinary system calls,
+// lets it run when the runtime's monitor catches one of its waits: not
+// in every try, so not checked here.)
+func TestWaitFrozenOnThreadKeepsThePAndWaits(t *testing.T) {
+	testutil.RequireRoot(t)
+	dir, _ := testutil.Cgroup(t, "fzrt")
+	file := filepath.Join(t.TempDir(), "count")
+	testutil.StartCounter(t, file, "", func(p int) { testutil.JoinCgroup(t, dir, p) })
+	f, err := cgroups.OpenFreezer(cgroups.FreezerV2, dir, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var spun atomic.Int64
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				spun.Add(1)
+			}
+		}
+	}()
+	// The spinner runs while this goroutine sleeps in the runtime; the
+	// P comes back with a fresh time slice. The runtime still preempts a
+	// goroutine that ran 10 ms (a wait on a slow machine may cross that
+	// mark): the P kept in one try of five.
+	kept := false
+	for try := 0; try < 5 && !kept; try++ {
+		time.Sleep(time.Millisecond)
+		before := spun.Load()
+		err = f.WaitFrozenOnThread(2*time.Millisecond, 50*time.Microsecond)
+		kept = spun.Load() == before
+		if !errors.Is(err, cgroups.ErrFreezeTimeout) {
+			t.Fatalf("WaitFrozenOnThread on a thawed cgroup: %v, want ErrFreezeTimeout", err)
+		}
+	}
+	if !kept {
+		t.Fatal("another goroutine ran while WaitFrozenOnThread waited, in 5 tries of 5: the P was handed away")
+	}
+
+	if err := f.Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	// Thawed before f is closed (deferred above: it runs first), or the
+	// counter's children would stay frozen after the test.
+	defer f.Thaw()
+	if err := f.WaitFrozenOnThread(5*time.Second, 50*time.Microsecond); err != nil {
+		t.Fatalf("WaitFrozenOnThread after a freeze: %v", err)
+	}
+	if frozen, err := f.Frozen(); err != nil || !frozen {
+		t.Fatalf("Frozen after WaitFrozenOnThread: %v %v", frozen, err)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"syscall"
@@ -59,6 +60,8 @@ import (
 // the same 4 pods busy on memory-only shares (no compute target: nothing
 // scheduled): %cpu-baseline, over the same period. GPUD_COMPUTE_ROUNDS
 // (3) rounds of each; medians reported, and the worst round's errors.
+// GPUD_COMPUTE_PROFILES, a directory: each round's gpud writes its CPU
+// profile from ready to its end there ({compute,baseline}.PID.cpu.pprof).
 func BenchmarkComputeShare(b *testing.B) {
 	testutil.RequireRoot(b)
 	rounds := envInt("GPUD_COMPUTE_ROUNDS", 3)
@@ -358,6 +361,22 @@ func runComputeGpud(planJSON string) error {
 		cancel()
 		<-done
 		return fmt.Errorf("the shares never showed in the state")
+	}
+	if dir := os.Getenv("GPUD_COMPUTE_PROFILES"); dir != "" {
+		// The steady state's CPU, from ready until SIGTERM.
+		kind := "baseline"
+		if plan.Compute {
+			kind = "compute"
+		}
+		f, err := os.Create(filepath.Join(dir, fmt.Sprintf("%s.%d.cpu.pprof", kind, os.Getpid())))
+		if err != nil {
+			return fmt.Errorf("profile: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("profile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
 	}
 	fmt.Println("ready")
 	go func() {

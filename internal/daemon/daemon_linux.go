@@ -342,7 +342,7 @@ func (d *Daemon) periodic(ctx context.Context) {
 		case now := <-tick.C:
 			kernel.Tick(now)
 			d.ledger.Refresh(now)
-			d.ledger.RefreshComms(d.tracker.Proc.Comm)
+			d.tracker.RefreshComms(now)
 			d.gate.Sync()
 			d.shares.Kick() // after the sample: the memory it judges
 			resync.Tick(now)

@@ -46,7 +46,8 @@ type Loans interface {
 type Ledger interface {
 	// Holders returns gpu's holders, agents left out.
 	Holders(gpu int) []occupancy.ProcInfo
-	// Counts returns every GPU's holders by class (every GPU, zero or not).
+	// Counts returns every GPU's holders by class (every GPU, zero or not);
+	// the map may be shared: read only.
 	Counts() map[int]occupancy.ClassCounts
 	CountsOf(gpu int) occupancy.ClassCounts
 	Snapshot(now time.Time) occupancy.Snapshot
@@ -583,7 +584,7 @@ func (c *Controller) Sync() {
 	// Suspended workloads whose GPUs high priority let go run again.
 	loans := c.loans()
 	c.Exec.Resume(func(gpu int) preempt.Holding {
-		return Holding(c.Ledger.Counts()[gpu], loans != nil && loans.IsLent(gpu))
+		return Holding(c.Ledger.CountsOf(gpu), loans != nil && loans.IsLent(gpu))
 	})
 }
 

@@ -128,6 +128,14 @@ type gpuEntry struct {
 	// computeActivity: NVML's samples say when this GPU is used; a
 	// holder's opens after its first are not use (without them they are).
 	computeActivity bool
+	// counts is its holders by class, and held how many holders (agents
+	// left out) it has: kept up to date at every change of a process's
+	// holds or class (count), so the gate's per-open and per-drain reads,
+	// and every change's state, cost O(1) rather than a walk of every
+	// process (issue 31: a node with hundreds of holders and thousands of
+	// opens a second).
+	counts ClassCounts
+	held   uint32
 }
 
 // Memory is a GPU's memory in bytes, as NVML reports it.
@@ -162,6 +170,9 @@ type Ledger struct {
 	procs     map[int]*proc
 	version   uint64
 	onChange  func()
+	// counts is Counts' answer while no GPU's counts change (nil: to be
+	// built): the gate asks for it at every drain of the event ring.
+	counts map[int]ClassCounts
 }
 
 // NewLedger returns an empty ledger of gpus.
@@ -235,6 +246,7 @@ func (l *Ledger) AddFD(info ProcInfo, gpu int, fd int32, at time.Time) {
 		if h == nil {
 			h = &hold{fds: map[int32]struct{}{}, openedAt: at}
 			p.holds[gpu] = h
+			l.countHold(p, gpu, 1)
 		}
 		_, known := h.fds[fd]
 		h.fds[fd] = struct{}{}
@@ -260,6 +272,7 @@ func (l *Ledger) AddFD(info ProcInfo, gpu int, fd int32, at time.Time) {
 func (l *Ledger) procFor(info ProcInfo) *proc {
 	p := l.procs[info.PID]
 	if p != nil && !sameProcess(p.info, info) {
+		l.count(p, -1)
 		p = nil // PID reused: the old process is gone
 	}
 	if p == nil {
@@ -282,6 +295,7 @@ func (l *Ledger) RemoveFD(pid, gpu int, fd int32) {
 		}
 		delete(h.fds, fd)
 		if len(h.fds) == 0 {
+			l.countHold(p, gpu, -1)
 			delete(p.holds, gpu)
 		}
 		if len(p.holds) == 0 {
@@ -295,9 +309,11 @@ func (l *Ledger) RemoveFD(pid, gpu int, fd int32) {
 // RemoveProcess drops every fd of pid (the process exited).
 func (l *Ledger) RemoveProcess(pid int) {
 	l.mutate(func() bool {
-		if _, ok := l.procs[pid]; !ok {
+		p, ok := l.procs[pid]
+		if !ok {
 			return false
 		}
+		l.count(p, -1)
 		delete(l.procs, pid)
 		l.publishLocked(time.Now())
 		return true
@@ -317,7 +333,8 @@ func (l *Ledger) SetProcess(pf ProcFDs, at time.Time) {
 }
 
 func (l *Ledger) setProcessLocked(pf ProcFDs, at time.Time) bool {
-	old := l.procs[pf.Info.PID]
+	cur := l.procs[pf.Info.PID] // what is counted now, replaced below
+	old := cur
 	if old != nil && !sameProcess(old.info, pf.Info) {
 		old = nil
 	}
@@ -346,9 +363,10 @@ func (l *Ledger) setProcessLocked(pf ProcFDs, at time.Time) bool {
 		return false
 	}
 	if len(holds) == 0 {
-		if _, ok := l.procs[pf.Info.PID]; !ok {
+		if cur == nil {
 			return false
 		}
+		l.count(cur, -1)
 		delete(l.procs, pf.Info.PID)
 		return true
 	}
@@ -360,7 +378,12 @@ func (l *Ledger) setProcessLocked(pf ProcFDs, at time.Time) bool {
 	if old != nil {
 		opened = old.openedUnknown
 	}
-	l.procs[pf.Info.PID] = &proc{info: info, holds: holds, openedUnknown: opened}
+	if cur != nil {
+		l.count(cur, -1)
+	}
+	p := &proc{info: info, holds: holds, openedUnknown: opened}
+	l.procs[pf.Info.PID] = p
+	l.count(p, 1)
 	return true
 }
 
@@ -401,8 +424,9 @@ func (l *Ledger) ReplaceAll(procs []ProcFDs, at time.Time) {
 				changed = true
 			}
 		}
-		for pid := range l.procs {
+		for pid, p := range l.procs {
 			if !seen[pid] {
+				l.count(p, -1)
 				delete(l.procs, pid)
 				changed = true
 			}
@@ -555,12 +579,64 @@ func (l *Ledger) allAgentsLocked(pids []uint32) bool {
 
 // heldLocked reports whether a holder other than an agent holds idx.
 func (l *Ledger) heldLocked(idx int) bool {
+	g := l.gpus[idx]
+	return g != nil && g.held > 0
+}
+
+// count adds (sign 1) or takes away (-1) p's holds from its GPUs' counts:
+// called before a process record leaves the ledger or changes its holds,
+// class or agency wholesale, and after one enters or has changed.
+func (l *Ledger) count(p *proc, sign int) {
+	for gpu := range p.holds {
+		l.countHold(p, gpu, sign)
+	}
+}
+
+// countHold adds or takes away p's hold of gpu from gpu's counts.
+func (l *Ledger) countHold(p *proc, gpu, sign int) {
+	g := l.gpus[gpu]
+	if g == nil || p.info.Agent {
+		return // an agent never blocks an open, is never a victim
+	}
+	d := uint32(sign) // wraps for -1: the counts stay ≥ 0 by pairing
+	g.held += d
+	switch p.info.Priority {
+	case High:
+		g.counts.High += d
+		l.counts = nil
+	case Low:
+		g.counts.Low += d
+		l.counts = nil
+	}
+}
+
+// recount is every GPU's counts as a walk of every process finds them:
+// what count keeps incrementally (its tests compare the two).
+func (l *Ledger) recount() (counts map[int]ClassCounts, held map[int]uint32) {
+	counts, held = map[int]ClassCounts{}, map[int]uint32{}
+	for idx := range l.gpus {
+		counts[idx], held[idx] = ClassCounts{}, 0
+	}
 	for _, p := range l.procs {
-		if p.holds[idx] != nil && !p.info.Agent {
-			return true
+		if p.info.Agent {
+			continue
+		}
+		for gpu := range p.holds {
+			if _, ok := l.gpus[gpu]; !ok {
+				continue
+			}
+			c := counts[gpu]
+			switch p.info.Priority {
+			case High:
+				c.High++
+			case Low:
+				c.Low++
+			}
+			counts[gpu] = c
+			held[gpu]++
 		}
 	}
-	return false
+	return counts, held
 }
 
 func (l *Ledger) stateLocked(idx int, g *gpuEntry, now time.Time) State {
@@ -608,14 +684,20 @@ func (l *Ledger) Snapshot(now time.Time) Snapshot {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	s := Snapshot{Version: l.version, Taken: now}
+	// Sorted once, not per GPU: the state file is written after every
+	// change, with hundreds of holders on a big node.
+	pids := slices.Sorted(maps.Keys(l.procs))
 	for _, idx := range slices.Sorted(maps.Keys(l.gpus)) {
 		g := l.gpus[idx]
 		v := GPUView{GPU: g.GPU, State: l.stateLocked(idx, g, now), LastActive: g.lastActive, Health: g.health}
+		if g.held > 0 {
+			v.Holders = make([]HolderView, 0, g.held)
+		}
 		if g.memory != nil {
 			m := *g.memory
 			v.Memory = &m
 		}
-		for _, pid := range slices.Sorted(maps.Keys(l.procs)) {
+		for _, pid := range pids {
 			p := l.procs[pid]
 			h := p.holds[idx]
 			if h == nil {
@@ -683,30 +765,19 @@ func (l *Ledger) holding(gpu int, agents bool) []ProcInfo {
 // ClassCounts is how many processes of each enforced class hold a GPU.
 type ClassCounts struct{ High, Low uint32 }
 
-// Counts returns, per GPU index, its holders by class.
+// Counts returns, per GPU index, its holders by class. The map is shared
+// until the counts change (it is asked for at every drain of the event
+// ring): callers must not modify it.
 func (l *Ledger) Counts() map[int]ClassCounts {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	out := make(map[int]ClassCounts, len(l.gpus))
-	for idx := range l.gpus {
-		out[idx] = ClassCounts{}
-	}
-	for _, p := range l.procs {
-		if p.info.Agent {
-			continue // never blocks an open, never a victim
-		}
-		for gpu := range p.holds {
-			c := out[gpu]
-			switch p.info.Priority {
-			case High:
-				c.High++
-			case Low:
-				c.Low++
-			}
-			out[gpu] = c
+	if l.counts == nil {
+		l.counts = make(map[int]ClassCounts, len(l.gpus))
+		for idx, g := range l.gpus {
+			l.counts[idx] = g.counts
 		}
 	}
-	return out
+	return l.counts
 }
 
 // CountsOf returns gpu's holders by class: Counts()[gpu] without building
@@ -714,22 +785,10 @@ func (l *Ledger) Counts() map[int]ClassCounts {
 func (l *Ledger) CountsOf(gpu int) ClassCounts {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	var c ClassCounts
-	for _, p := range l.procs {
-		if p.info.Agent {
-			continue
-		}
-		if _, ok := p.holds[gpu]; !ok {
-			continue
-		}
-		switch p.info.Priority {
-		case High:
-			c.High++
-		case Low:
-			c.Low++
-		}
+	if g := l.gpus[gpu]; g != nil {
+		return g.counts
 	}
-	return c
+	return ClassCounts{}
 }
 
 // Reclassify re-derives every holder's priority with classify (a workload
@@ -739,7 +798,9 @@ func (l *Ledger) Reclassify(classify func(*ProcInfo)) {
 		changed := false
 		for _, p := range l.procs {
 			before, agent := p.info.Priority, p.info.Agent
+			l.count(p, -1)
 			classify(&p.info)
+			l.count(p, 1)
 			if p.info.Priority != before || p.info.Agent != agent {
 				changed = true
 			}

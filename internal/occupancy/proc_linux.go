@@ -58,8 +58,8 @@ func (p *ProcFS) gpuFDs(pid int, threads bool) (map[int][]int32, error) {
 	if err != nil {
 		return nil, err
 	}
-	if n > 0 && !threads {
-		return out, nil
+	if n > 0 && (!threads || singleThreaded(base)) {
+		return out, nil // the leader's table is the only one
 	}
 	tasks, err := os.ReadDir(filepath.Join(base, "task"))
 	if err != nil {
@@ -102,6 +102,21 @@ func (p *ProcFS) gpuFDs(pid int, threads bool) (map[int][]int32, error) {
 		}
 	}
 	return out, nil
+}
+
+// singleThreaded reports whether the process at base (/proc/<pid>) has one
+// thread: its task directory's link count is 2 plus its threads. One
+// statx, where the task directory's read is five syscalls and allocations,
+// for every open reported without fd (--hooks driver: thousands a second
+// on a busy node). False when it cannot tell.
+func singleThreaded(base string) bool {
+	var path [96]byte
+	b := append(append(path[:0], base...), "/task\x00"...)
+	if len(b) > len(path) {
+		return false
+	}
+	var stx unix.Statx_t
+	return statxAt(unix.AT_FDCWD, b, &stx) == nil && stx.Mask&unix.STATX_NLINK != 0 && stx.Nlink == 3
 }
 
 // sharesTable reports whether thread tid shares its fd table with one of
@@ -215,6 +230,67 @@ func (p *ProcFS) HoldsGPU(pid, gpu int, hint []int32) bool {
 	return err == nil && len(fds[gpu]) > 0
 }
 
+// KnownFDsHold reports whether every fd in fds (GPU → fds, as the ledger
+// knows them) still names its GPU in pid's fd table: one statx each, by
+// path, with nothing allocated. The holders' re-read in --hooks driver
+// (Tracker.RescanHolders) asks this first and reads the whole table and
+// identity (Scan) only when it says false, so a holder that changed
+// nothing costs a statx per GPU fd rather than a getdents, a statx per fd,
+// the fdinfo of each GPU fd and its identity's five reads.
+//
+// False also when it cannot tell: an io_uring slot (negative fd: only the
+// full read sees those), a zombie leader or a thread's own table (the
+// leader's fd is not there), a name too long. A dup to a new fd is not
+// looked for: it is found when the known fd goes (then the table is read)
+// or at the next full resync. An fd closed and then re-used for the same
+// GPU node, O_PATH, keeps the process counted as a holder until the next
+// full resync: it could as well have kept the GPU open.
+func (p *ProcFS) KnownFDsHold(pid int, fds map[int][]int32) bool {
+	var path [96]byte
+	b := append(path[:0], p.Root...)
+	b = append(b, '/')
+	b = strconv.AppendInt(b, int64(pid), 10)
+	b = append(b, "/fd/"...)
+	dir := len(b)
+	for gpu, list := range fds {
+		for _, fd := range list {
+			if fd < 0 {
+				return false
+			}
+			b = strconv.AppendInt(b[:dir], int64(fd), 10)
+			b = append(b, 0)
+			if len(b) > len(path) {
+				return false // it spilled to the heap: a root path this long is not /proc
+			}
+			var stx unix.Statx_t
+			if statxAt(unix.AT_FDCWD, b, &stx) != nil || uint32(stx.Mode)&unix.S_IFMT != unix.S_IFCHR {
+				return false
+			}
+			if g, ok := p.Devs[unix.Mkdev(stx.Rdev_major, stx.Rdev_minor)]; !ok || g != gpu {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// FDCount is how many fds pid's fd table has, as the size of
+// /proc/PID/fd says (Linux 6.2 and later; 0 before, or when it cannot be
+// read): one statx, so that the holders' re-read sees a table that changed
+// (a dup) without reading it.
+func (p *ProcFS) FDCount(pid int) int64 {
+	var path [64]byte
+	b := append(path[:0], p.Root...)
+	b = append(b, '/')
+	b = strconv.AppendInt(b, int64(pid), 10)
+	b = append(b, "/fd\x00"...)
+	var stx unix.Statx_t
+	if err := statx(unix.AT_FDCWD, b, unix.STATX_SIZE, &stx); err != nil {
+		return 0
+	}
+	return int64(stx.Size)
+}
+
 // scratch is GPUFDs' reused buffers: a getdents buffer, a NUL-terminated
 // name, a link target.
 type scratch struct{ dents, name, link []byte }
@@ -258,8 +334,14 @@ func atoiBytes(b []byte) (int, bool) {
 // statxAt is statx(dirfd, name) with the type and device numbers only,
 // from cached attributes: name is NUL-terminated, so nothing is allocated.
 func statxAt(dirfd int, name []byte, stx *unix.Statx_t) error {
+	return statx(dirfd, name, unix.STATX_TYPE, stx)
+}
+
+// statx is statx(dirfd, name, AT_STATX_DONT_SYNC, mask); name is
+// NUL-terminated.
+func statx(dirfd int, name []byte, mask int, stx *unix.Statx_t) error {
 	_, _, e := unix.Syscall6(unix.SYS_STATX, uintptr(dirfd), uintptr(unsafe.Pointer(&name[0])),
-		uintptr(unix.AT_STATX_DONT_SYNC), uintptr(unix.STATX_TYPE), uintptr(unsafe.Pointer(stx)), 0)
+		uintptr(unix.AT_STATX_DONT_SYNC), uintptr(mask), uintptr(unsafe.Pointer(stx)), 0)
 	if e != 0 {
 		return e
 	}
@@ -486,13 +568,20 @@ func StartTime(procRoot string, pid int) (uint64, error) {
 	return start, err
 }
 
-// Comm reads a process's current name.
+// Comm reads a process's current name: an open, a read and a close (no
+// fstat, no poller), as it runs for many holders every second.
 func (p *ProcFS) Comm(pid int) (string, bool) {
-	b, err := os.ReadFile(filepath.Join(p.Root, strconv.Itoa(pid), "comm"))
+	fd, err := unix.Open(filepath.Join(p.Root, strconv.Itoa(pid), "comm"), unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
 	if err != nil {
 		return "", false
 	}
-	return strings.TrimSuffix(string(b), "\n"), true
+	defer unix.Close(fd)
+	var buf [64]byte // TASK_COMM_LEN is 16
+	n, err := unix.Read(fd, buf[:])
+	if err != nil || n <= 0 {
+		return "", false
+	}
+	return strings.TrimSuffix(string(buf[:n]), "\n"), true
 }
 
 // PidfdIno returns the inode number of a pidfd of pid: on pidfs (Linux ≥
@@ -542,6 +631,16 @@ var openLike = map[string][]int{
 	"arm64": {56, 437, 265, 426},
 }[runtime.GOARCH]
 
+// readSmall reads the start of a small /proc file into buf.
+func readSmall(path string, buf []byte) (int, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(fd)
+	return unix.Read(fd, buf)
+}
+
 // Opening reports whether thread tid of process tgid may still be inside
 // the open that the gate reported: it is in an open-like syscall, it is
 // running (its syscall cannot be read then), it is an io_uring worker
@@ -550,14 +649,18 @@ var openLike = map[string][]int{
 // thread is gone.
 func (p *ProcFS) Opening(tgid, tid int) bool {
 	base := filepath.Join(p.Root, strconv.Itoa(tgid), "task", strconv.Itoa(tid))
-	b, err := os.ReadFile(filepath.Join(base, "syscall"))
+	// An open, a read and a close into a buffer here (not os.ReadFile's
+	// fstat, second read and allocations): it runs for every open
+	// reported without fd.
+	var buf [256]byte // "nr arg1..arg6 sp pc": the number is all that is read
+	n, err := readSmall(filepath.Join(base, "syscall"), buf[:])
 	if errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ESRCH) {
 		return false
 	}
 	if err != nil {
 		return true
 	}
-	field, _, _ := strings.Cut(strings.TrimSpace(string(b)), " ")
+	field, _, _ := strings.Cut(strings.TrimSpace(string(buf[:n])), " ")
 	nr, err := strconv.Atoi(field)
 	if err != nil {
 		return true // "running"

@@ -76,12 +76,33 @@ func stateHolder(h HolderView) v1.StateHolder {
 // WriteStateFile writes f to path atomically: a temporary file in the same
 // directory, fsync, rename, fsync of the directory. Readers see the old or
 // the new document, never a part.
-func WriteStateFile(path string, f *v1.StateFile) error {
+func WriteStateFile(path string, f *v1.StateFile) error { return writeStateFile(path, f, true) }
+
+// writeStateFile is WriteStateFile; durable false leaves out the fsyncs
+// (the Writer makes its writes durable apart, syncFile).
+func writeStateFile(path string, f *v1.StateFile, durable bool) error {
 	b, err := json.MarshalIndent(f, "", "  ")
 	if err != nil {
 		return fmt.Errorf("occupancy: encoding state: %w", err)
 	}
-	return WriteAtomic(path, append(b, '\n'))
+	return writeAtomic(path, append(b, '\n'), durable)
+}
+
+// syncFile makes the file at path, as it is now, durable: an fsync of it
+// and of its directory (which holds the rename that put it there).
+func syncFile(path string) error {
+	for _, p := range []string{path, filepath.Dir(path)} {
+		f, err := os.Open(p)
+		if err != nil {
+			return fmt.Errorf("occupancy: syncing: %w", err)
+		}
+		err = f.Sync()
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("occupancy: syncing %s: %w", p, err)
+		}
+	}
+	return nil
 }
 
 // WriteAtomic replaces path with data atomically.

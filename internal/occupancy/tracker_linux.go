@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"maps"
 	"os"
 	"slices"
 	"sync"
@@ -81,6 +82,14 @@ type Tracker struct {
 	// it saw open a GPU) and all go with a resync.
 	idMu  sync.Mutex
 	known map[int]ProcInfo
+	// recent: processes identified or re-read (an exec, a new holder) in
+	// the last commYoung, whose names RefreshComms reads at every call;
+	// commTick turns the others' reads (RefreshComms).
+	recent   map[int]time.Time
+	commTick int
+	// fdCounts: each holder's fd count (ProcFS.FDCount) at its last whole
+	// read by rescanHolders.
+	fdCounts map[int]int64
 
 	// Opens reported before their fd existed (bpf.FDUnknown): the opener's
 	// fd table is read until it shows the GPU, or the tries run out. Used
@@ -88,11 +97,26 @@ type Tracker struct {
 	opening    []pendingOpen
 	nextRescan time.Time
 
+	// Rereads counts the holders whose fd table and identity the holders'
+	// re-read (RescanHolders) read whole: a known fd no longer named its
+	// GPU, or its fd table changed size (or was not seen before).
+	Rereads     atomic.Uint64
 	OpenRetries atomic.Uint64 // fd-table reads of openers that found no fd yet
 	OpenGiveUps atomic.Uint64 // reported opens whose fd never appeared
 	// OpenCoalesced counts opens folded into a pending open of the same
 	// thread and GPU (coalesce).
 	OpenCoalesced atomic.Uint64
+	// OpenSettled counts opens reported without fd that a read made after
+	// them had settled already (settledBy): given up without a read.
+	OpenSettled atomic.Uint64
+	// settled is the last read of an opener that found its opening thread
+	// out of any open (at mono, before the fd table was read) and no GPU
+	// held: every open that thread started before mono had returned, and
+	// its fd, if any, was closed again (settledBy).
+	settled struct {
+		tgid, tid uint32
+		mono      uint64
+	}
 }
 
 // pendingOpen is an open reported by the gate, whose fd is not known yet.
@@ -129,13 +153,36 @@ func (t *Tracker) coalesce(ev *bpf.Event) bool {
 	return false
 }
 
+// settledBy reports whether the open ev was settled by the last read of
+// its thread's process (settled): gated before that read, by a thread
+// then out of any open, so it had returned, and its fd was gone by the
+// read. Reading the fd table again would find what that read found, or a
+// later open's fd, which that open's own event (gated later) reads. A
+// program that opens and closes a GPU thousands of times a second costs a
+// read per batch of its opens, not one per open.
+func (t *Tracker) settledBy(ev *bpf.Event) bool {
+	s := t.settled
+	if s.mono == 0 || ev.TGID != s.tgid || ev.PID != s.tid || ev.Mono >= s.mono {
+		return false
+	}
+	t.OpenSettled.Add(1)
+	t.OpenGiveUps.Add(1)
+	return true
+}
+
 // openRetry is when an opener's fd table is read again, after each try
 // that does not find the new fd: the fd is installed when the driver's
 // open returns, which may take seconds (a GPU brought up at its first
 // open). While any open waits here, the gate's confirmations stop short of
 // it (Drained), so no low-priority open gets past a high one in between.
+//
+// The first tries are 1 ms apart (the runtime's poller waits no shorter): an
+// open that takes long at all is most often one whose opener lost its CPU
+// to another task in the driver's open (a busy node), and is back within a
+// few ms; the read costs tens of µs.
 var openRetry = []time.Duration{
-	time.Millisecond, 2 * time.Millisecond, 5 * time.Millisecond, 10 * time.Millisecond,
+	time.Millisecond, time.Millisecond, time.Millisecond, 2 * time.Millisecond, 2 * time.Millisecond,
+	5 * time.Millisecond, 10 * time.Millisecond,
 	20 * time.Millisecond, 50 * time.Millisecond, 100 * time.Millisecond, 200 * time.Millisecond,
 	500 * time.Millisecond, time.Second, 2 * time.Second, 5 * time.Second,
 }
@@ -165,7 +212,7 @@ func (t *Tracker) Handle(ev *bpf.Event) {
 			if t.Gate != nil {
 				t.Gate(ev)
 			}
-			if t.coalesce(ev) {
+			if t.coalesce(ev) || t.settledBy(ev) {
 				break
 			}
 			t.opening = append(t.opening, pendingOpen{ev: *ev, last: ev.Mono})
@@ -232,8 +279,14 @@ func (t *Tracker) resolveOpen(i int, now time.Time) {
 	done := func() { t.opening = append(t.opening[:i], t.opening[i+1:]...) }
 	// Asked before the fd table is read: an open that had returned by then
 	// has its fd in the table the read finds.
+	asked := bpf.MonotonicNow()
 	opening := t.Proc.Opening(pid, int(po.ev.PID))
 	pf, err := t.Proc.Scan(pid)
+	if err == nil && !opening && len(pf.FDs) == 0 {
+		t.settled.tgid, t.settled.tid, t.settled.mono = po.ev.TGID, po.ev.PID, asked
+	} else if t.settled.tgid == po.ev.TGID {
+		t.settled.mono = 0 // it holds something now: its opens are read
+	}
 	switch {
 	case errors.Is(err, ErrNoProcess):
 		t.Ledger.RemoveProcess(pid)
@@ -243,6 +296,7 @@ func (t *Tracker) resolveOpen(i int, now time.Time) {
 		t.logger().Warn("reading an opener's fds", "pid", pid, "error", err)
 	case len(pf.FDs[int(po.ev.GPU)]) > 0:
 		t.forget(pid)
+		t.readNow(pid)
 		if t.Classify != nil {
 			t.Classify(&pf.Info)
 		}
@@ -324,13 +378,91 @@ func (t *Tracker) isOpening(pid int) bool {
 	return false
 }
 
-// rescanHolders re-reads every holder's fd table (RescanHolders).
+// rescanHolders checks every holder's known GPU fds (RescanHolders), and
+// re-reads the fd table and identity of a holder where one of them no
+// longer names its GPU (ProcFS.KnownFDsHold): on a node with hundreds of
+// idle holders the full re-read of each was most of gpud's idle CPU
+// (issue 31). Exits are events in every mode; a process whose PID is
+// reused has exited, so the ledger dropped it at its exit event.
+//
+// A holder whose fd table changed size since its last whole read (the
+// size of /proc/PID/fd: a dup, or any other fd opened or closed) is read
+// whole too, so a dup is found as before; where the kernel does not say
+// the size, a dup is found when the fd it was made from goes.
 func (t *Tracker) rescanHolders(now time.Time) {
-	for pid := range t.Ledger.FDTable() {
-		if !t.isOpening(pid) {
-			t.reconcile(pid, now)
+	table := t.Ledger.FDTable()
+	for pid, fds := range table {
+		if t.isOpening(pid) {
+			continue
 		}
+		n := t.Proc.FDCount(pid)
+		t.idMu.Lock()
+		last, read := t.fdCounts[pid]
+		t.idMu.Unlock()
+		if read && last == n && t.Proc.KnownFDsHold(pid, fds) {
+			continue
+		}
+		// Noted before the read: a change after it is seen next time.
+		t.idMu.Lock()
+		if t.fdCounts == nil {
+			t.fdCounts = map[int]int64{}
+		}
+		t.fdCounts[pid] = n
+		t.idMu.Unlock()
+		t.Rereads.Add(1)
+		t.reconcile(pid, now)
 	}
+	t.idMu.Lock()
+	maps.DeleteFunc(t.fdCounts, func(pid int, _ int64) bool { _, ok := table[pid]; return !ok })
+	t.idMu.Unlock()
+}
+
+// commYoung and commEvery: RefreshComms reads the name of a process
+// identified in the last commYoung at each call, and of every other holder
+// at one call in commEvery (with one call a second: 10 s).
+const (
+	commYoung = 10 * time.Second
+	commEvery = 10
+)
+
+// RefreshComms re-reads holders' names (Ledger.RefreshComms; called once
+// a second): a process renames itself mostly just after its exec or start
+// (busybox applets, prctl, setproctitle), so those read in the last
+// commYoung are read each time; the others, in turn, one in commEvery a
+// time (each holder every commEvery calls): on a node with hundreds of
+// holders, every name every second was a sixth of gpud's idle CPU
+// (issue 31). A rename found late keeps the old name and the old
+// classification until then: a renamed process is not taken for an agent
+// before its new name is read.
+func (t *Tracker) RefreshComms(now time.Time) {
+	t.idMu.Lock()
+	t.commTick++
+	tick := t.commTick
+	maps.DeleteFunc(t.recent, func(_ int, at time.Time) bool { return now.Sub(at) > commYoung })
+	t.idMu.Unlock()
+	t.Ledger.RefreshComms(func(pid int) (string, bool) {
+		if (pid+tick)%commEvery != 0 && !t.isRecent(pid) {
+			return "", false
+		}
+		return t.Proc.Comm(pid)
+	})
+}
+
+func (t *Tracker) isRecent(pid int) bool {
+	t.idMu.Lock()
+	defer t.idMu.Unlock()
+	_, ok := t.recent[pid]
+	return ok
+}
+
+// readNow notes that pid's identity was read now (RefreshComms).
+func (t *Tracker) readNow(pid int) {
+	t.idMu.Lock()
+	defer t.idMu.Unlock()
+	if t.recent == nil {
+		t.recent = map[int]time.Time{}
+	}
+	t.recent[pid] = time.Now()
 }
 
 func (t *Tracker) cached(pid int) (ProcInfo, bool) {
@@ -353,6 +485,8 @@ func (t *Tracker) forget(pid int) {
 	t.idMu.Lock()
 	defer t.idMu.Unlock()
 	delete(t.known, pid)
+	delete(t.recent, pid)
+	delete(t.fdCounts, pid)
 }
 
 // Identify reads a process's identity, classified (the gate's events name
@@ -379,6 +513,7 @@ func (t *Tracker) Identify(pid int, ev *bpf.Event) ProcInfo {
 // identify reads a new holder's identity; when the process is already gone
 // the event's own fields stand in (its exit event follows).
 func (t *Tracker) identify(pid int, ev *bpf.Event) ProcInfo {
+	t.readNow(pid)
 	info, err := t.Proc.Info(pid)
 	if err != nil {
 		info = ProcInfo{PID: pid, Comm: ev.Comm, Priority: Unclassified}
@@ -401,6 +536,9 @@ func (t *Tracker) reconcile(pid int, at time.Time) (pf ProcFDs, gained []int) {
 		}
 		t.logger().Warn("reconciling process", "pid", pid, "error", err)
 		return pf, nil
+	}
+	if len(pf.FDs) > 0 {
+		t.readNow(pid)
 	}
 	if t.Classify != nil && len(pf.FDs) > 0 {
 		t.Classify(&pf.Info)

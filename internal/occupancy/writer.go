@@ -20,9 +20,19 @@ const (
 	retryMax   = 5 * time.Second
 )
 
+// syncEvery is how often, at most, the state file is made durable (an
+// fsync of it and of its directory), apart from the write after each
+// change: that write is visible at once (a rename: readers see the old or
+// the new file, never a part), and the fsyncs (milliseconds each on a
+// loaded disk, more than the whole write) stay off the path from a change
+// to the file. A crash of the host loses at most this much of the file's
+// history; gpud rebuilds its ledger from /proc when it starts anyway.
+const syncEvery = time.Second
+
 // Writer keeps the state file in step with the ledger. Changes that arrive
 // while a write is in progress are coalesced into the next write, so under
 // load the file lags by at most one write and is never rewritten per event.
+// Each write is made durable within syncEvery, by another goroutine.
 type Writer struct {
 	Path       string
 	Node       string
@@ -43,6 +53,7 @@ type Writer struct {
 	lastAt   time.Time
 
 	kick    chan struct{}
+	sync    func(path string) error // syncFile (tests replace it)
 	once    sync.Once
 	mu      sync.Mutex
 	written uint64
@@ -76,12 +87,25 @@ func (w *Writer) Kick() {
 // soon after the disk has space, whether or not anything changes.
 func (w *Writer) Run(ctx context.Context) {
 	w.init()
+	syncKick := make(chan struct{}, 1)
+	synced := make(chan struct{})
+	go func() {
+		defer close(synced)
+		w.syncLoop(ctx, syncKick)
+	}()
+	defer func() { <-synced }() // Run returns with nothing left running
 	retry := time.NewTimer(time.Hour)
 	retry.Stop()
 	defer retry.Stop()
 	wait := retryFirst
 	armed := false
 	after := func(ok bool) {
+		if ok {
+			select {
+			case syncKick <- struct{}{}:
+			default:
+			}
+		}
 		switch {
 		case ok:
 			wait = retryFirst
@@ -95,17 +119,49 @@ func (w *Writer) Run(ctx context.Context) {
 			wait = min(2*wait, retryMax)
 		}
 	}
-	after(w.write())
+	after(w.write(false))
 	for {
 		select {
 		case <-ctx.Done():
-			w.write()
+			w.write(true)
 			return
 		case <-w.kick:
-			after(w.write())
+			after(w.write(false))
 		case <-retry.C:
 			armed = false
-			after(w.write())
+			after(w.write(false))
+		}
+	}
+}
+
+// syncLoop makes the file durable after a write (kick), then waits
+// syncEvery before the next, until ctx ends.
+func (w *Writer) syncLoop(ctx context.Context, kick <-chan struct{}) {
+	pause := time.NewTimer(time.Hour)
+	pause.Stop()
+	defer pause.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-kick:
+		}
+		durable := syncFile
+		if w.sync != nil {
+			durable = w.sync
+		}
+		if err := durable(w.Path); err != nil {
+			w.Failures.Add(1)
+			w.Failed(err)
+			if w.Log != nil {
+				w.Log.Warn("making the state file durable", "path", w.Path, "error", err)
+			}
+		}
+		pause.Reset(syncEvery)
+		select {
+		case <-ctx.Done():
+			return
+		case <-pause.C:
 		}
 	}
 }
@@ -137,7 +193,9 @@ func (w *Writer) Failed(err error) {
 	w.mu.Unlock()
 }
 
-func (w *Writer) write() bool {
+// write writes the state file; durable waits for the disk (the final
+// write), otherwise syncLoop does it later.
+func (w *Writer) write(durable bool) bool {
 	snap := w.Ledger.Snapshot(time.Now())
 	f := Render(snap, w.Node, w.Monitoring == nil || w.Monitoring())
 	if w.Preemptions != nil {
@@ -147,7 +205,7 @@ func (w *Writer) write() bool {
 		w.Decorate(&f)
 	}
 	f.Health = w.health()
-	if err := WriteStateFile(w.Path, &f); err != nil {
+	if err := writeStateFile(w.Path, &f, durable); err != nil {
 		w.Failures.Add(1)
 		w.Failed(err)
 		// Logged when writes start failing, not at every retry.

@@ -293,3 +293,45 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	defer l.mu.Unlock()
 	return l.w.Write(p)
 }
+
+// TestWriterSyncsApart: a change is on disk (visible) without waiting for
+// an fsync, and the fsyncs (syncFile) are made apart, at most one per
+// syncEvery however many writes, the last write among them.
+func TestWriterSyncsApart(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.json")
+	l := NewLedger(testGPUs(1), time.Hour)
+	var syncs atomic.Int64
+	block := make(chan struct{})
+	w := &Writer{Path: path, Node: "n", Ledger: l}
+	w.sync = func(p string) error {
+		if p != path {
+			t.Errorf("synced %s, want %s", p, path)
+		}
+		if syncs.Add(1) == 1 {
+			<-block // the first sync hangs (a slow disk)
+		}
+		return nil
+	}
+	l.OnChange(w.Kick)
+	cancel := startWriter(t, w)
+	var release sync.Once
+	t.Cleanup(func() { release.Do(func() { close(block) }) })
+	waitFile(t, path)
+	for i := 0; i < 20; i++ {
+		l.AddFD(pinfo(100+i, 1, "a"), 0, 3, time.Now())
+		waitClosed(t, w.Written(l.Version()), "a change while the disk hangs in fsync")
+	}
+	if f, err := ReadStateFile(path); err != nil || len(f.GPUs[0].Holders) != 20 {
+		t.Fatalf("state file while the fsync hangs: %v, %v", f, err)
+	}
+	release.Do(func() { close(block) })
+	// The writes since the hung sync are made durable once, syncEvery later.
+	deadline := time.Now().Add(syncEvery + 2*time.Second)
+	for syncs.Load() < 2 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := syncs.Load(); n != 2 {
+		t.Fatalf("%d syncs for 21 writes over about %v, want 2", n, syncEvery)
+	}
+	cancel() // the final write: durable itself
+}

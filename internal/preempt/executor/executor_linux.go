@@ -217,7 +217,7 @@ func (e *Executor) preempt(ctx context.Context, gpu int, rule string, known pree
 		kill.AtRealtime(e.log(), func() {
 			first = e.killer().Signal(gpu, rule, known, toKill, decided)
 			if len(freeze) > 0 && !e.needsCheckpoint(freeze) {
-				frozen = e.startFreezes(gpu, rule, freeze, decided)
+				frozen = e.startFreezes(gpu, rule, freeze, decided, true)
 			}
 		})
 	}

@@ -99,7 +99,7 @@ func (e *Executor) suspendedLocked(pid int) *suspension {
 // preemptor is asked once the first workload is frozen (it may read
 // /proc: not before the freeze).
 func (e *Executor) freezeAll(gpu int, rule string, preemptor func() preempt.Party, victims []preempt.Victim, decided time.Time) (toKill []preempt.Victim) {
-	return e.startFreezes(gpu, rule, victims, decided).finish(preemptor)
+	return e.startFreezes(gpu, rule, victims, decided, false).finish(preemptor)
 }
 
 // freezeBatch is one decision's freezes between their writes
@@ -138,8 +138,21 @@ type freezeGroup struct {
 // p99 11.5 ms after the write with a CPU hog per core, against 0.14 and
 // 9.4 ms for a bare program's write → frozen (docs/benchmarks.md). A
 // freeze that takes longer (a task in an uninterruptible sleep) is waited
-// for by the worker, as before; the event loop is held 1 ms at most.
-const quickFreezeWait = time.Millisecond
+// for by the worker, as before.
+//
+// On the real-time thread (rtFreezeWait): the victims must run to freeze,
+// and on a busy node they wait for a CPU as long as the bare program's
+// victims do (its p99 is milliseconds), so the thread waits as the bare
+// program does, up to rtFreezeWait, reading cgroup.events every
+// rtFreezePoll, in raw system calls (cgroups.Freezer.WaitFrozenOnThread:
+// no Go scheduler between the wakeup and the record). The event loop is
+// held that long at most; the waits are sleeps, not CPU time. Elsewhere
+// (freezeAll on a worker goroutine) 1 ms, with the scheduler's waits.
+const (
+	quickFreezeWait = time.Millisecond
+	rtFreezeWait    = 8 * time.Millisecond // under the runtime's 10 ms preemption of a running goroutine
+	rtFreezePoll    = 50 * time.Microsecond
+)
 
 // needsCheckpoint reports whether a victim is preempted in checkpoint
 // mode (its CUDA lock may take seconds: never on the event loop).
@@ -154,8 +167,9 @@ func (e *Executor) needsCheckpoint(victims []preempt.Victim) bool {
 
 // startFreezes checks the victims, finds their workloads' freezers and
 // asks each to freeze (after the CUDA checkpoints in checkpoint mode); the
-// caller calls finish.
-func (e *Executor) startFreezes(gpu int, rule string, victims []preempt.Victim, decided time.Time) *freezeBatch {
+// caller calls finish. rt: called on the preemption's real-time thread
+// (the wait for frozen stays on it: rtFreezeWait).
+func (e *Executor) startFreezes(gpu int, rule string, victims []preempt.Victim, decided time.Time, rt bool) *freezeBatch {
 	fb := &freezeBatch{e: e, gpu: gpu, rule: rule, decided: decided}
 	root, err := e.cgroupRoot()
 	if err != nil {
@@ -264,13 +278,23 @@ func (e *Executor) startFreezes(gpu int, rule string, victims []preempt.Victim, 
 		}
 		fb.groups = append(fb.groups, g)
 	}
-	deadline := time.Now().Add(quickFreezeWait)
+	wait := quickFreezeWait
+	if rt {
+		wait = rtFreezeWait
+	}
+	deadline := time.Now().Add(wait)
 	for _, g := range fb.groups {
 		left := time.Until(deadline)
 		if g.paused || g.err != nil || left <= 0 {
 			continue
 		}
-		if g.fz.WaitFrozen(left) == nil { // not yet, or an error: finish waits and says
+		var err error
+		if rt {
+			err = g.fz.WaitFrozenOnThread(left, rtFreezePoll)
+		} else {
+			err = g.fz.WaitFrozen(left)
+		}
+		if err == nil { // not yet, or an error: finish waits and says
 			g.frozenAt = time.Now()
 			preempt.Step("frozen")
 		}

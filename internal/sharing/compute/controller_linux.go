@@ -84,6 +84,20 @@ type Config struct {
 	Log       *slog.Logger
 }
 
+type locKey struct {
+	pid      int
+	cgroupID uint64
+}
+
+type located struct {
+	cg Cgroup
+	at time.Time
+}
+
+// relocate: how long a found cgroup is used before it is found again (a
+// process moved to another cgroup of its pod).
+const relocate = 10 * time.Second
+
 // member is a sharing pod on one GPU.
 type member struct {
 	pod sharing.PodRef
@@ -136,12 +150,20 @@ type Controller struct {
 	scheds  map[int]*Sched
 	members map[int][]member
 	frozen  map[Cgroup]bool // frozen by the scheduler now
+	// others: cgroups paused by someone else (docker pause, a
+	// preemption): not scheduled, never written. Read once a Period (at
+	// refresh) and before each freeze, not every tick.
+	others map[Cgroup]bool
 	// preempted: cgroup directories the preemption executor holds
 	// (Preempt): never frozen or thawed by the scheduler.
 	preempted map[string]bool
 	managed   []Cgroup // journaled
-	guard     *guard   // started before the first freeze (GuardExe)
-	ops       atomic.Uint64
+	// located: each member's cgroup by its first process and workload
+	// cgroup, found again once a relocate (reading /proc and the cgroup
+	// tree once a Period for each was a tenth of the scheduler's CPU).
+	located map[locKey]located
+	guard   *guard // started before the first freeze (GuardExe)
+	ops     atomic.Uint64
 }
 
 // New builds a Controller; Run starts it.
@@ -158,7 +180,7 @@ func New(cfg Config) *Controller {
 	if cfg.Enforcing == nil {
 		cfg.Enforcing = func() bool { return true }
 	}
-	return &Controller{cfg: cfg, scheds: map[int]*Sched{}, members: map[int][]member{}, frozen: map[Cgroup]bool{}, preempted: map[string]bool{}}
+	return &Controller{cfg: cfg, scheds: map[int]*Sched{}, members: map[int][]member{}, frozen: map[Cgroup]bool{}, others: map[Cgroup]bool{}, preempted: map[string]bool{}, located: map[locKey]located{}}
 }
 
 // Ops counts the freezes and thaws done.
@@ -210,17 +232,30 @@ func (c *Controller) refresh(now time.Time) {
 		}
 	}
 	members := map[int][]member{}
+	kept := map[locKey]located{}
 	if len(byGPU) > 0 {
 		snap := c.cfg.Holders.Snapshot(now)
 		for _, g := range snap.GPUs {
 			if len(byGPU[g.Index]) > 0 {
-				members[g.Index] = c.membersOf(byGPU[g.Index], g.Holders)
+				members[g.Index] = c.membersOf(now, kept, byGPU[g.Index], g.Holders)
 			}
 		}
+	}
+	c.located = kept
+	if fz, ok := c.cfg.Freezer.(*fdFreezer); ok {
+		fz.sweep() // the files of cgroups no longer scheduled
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.members = members
+	clear(c.others)
+	for _, ms := range members {
+		for _, m := range ms {
+			if !c.frozen[m.cg] && !m.Exempt && c.pausedByOther(m.cg) {
+				c.others[m.cg] = true
+			}
+		}
+	}
 	for gpu := range c.scheds {
 		if _, ok := members[gpu]; !ok {
 			delete(c.scheds, gpu)
@@ -233,7 +268,7 @@ func (c *Controller) refresh(now time.Time) {
 	}
 }
 
-func (c *Controller) membersOf(shares []sharing.Share, holders []occupancy.HolderView) []member {
+func (c *Controller) membersOf(now time.Time, kept map[locKey]located, shares []sharing.Share, holders []occupancy.HolderView) []member {
 	byPod := map[string]*member{}
 	var order []string
 	for _, sh := range shares {
@@ -271,12 +306,18 @@ func (c *Controller) membersOf(shares []sharing.Share, holders []occupancy.Holde
 		if !ok || w.CgroupID == 0 || w.PodUID != uid || w.Agent {
 			continue
 		}
-		cg, err := c.cfg.Freezer.Locate(m.pids[0], w.CgroupID)
-		if err != nil {
-			c.cfg.Log.Debug("no freezer for a sharing pod", "pod_uid", uid, "error", err)
-			continue
+		key := locKey{m.pids[0], w.CgroupID}
+		l, ok := c.located[key]
+		if !ok || now.Sub(l.at) >= relocate || now.Before(l.at) {
+			cg, err := c.cfg.Freezer.Locate(m.pids[0], w.CgroupID)
+			if err != nil {
+				c.cfg.Log.Debug("no freezer for a sharing pod", "pod_uid", uid, "error", err)
+				continue
+			}
+			l = located{cg: cg, at: now}
 		}
-		m.cg = cg
+		kept[key] = l
+		m.cg = l.cg
 		out = append(out, *m)
 	}
 	return out
@@ -304,7 +345,7 @@ func (c *Controller) tick(now time.Time) {
 			if c.preempted[m.cg.Path] {
 				continue // the executor's: frozen for a preemption, thawed by it
 			}
-			if !c.frozen[m.cg] && !m.Exempt && c.pausedByOther(m.cg) {
+			if c.others[m.cg] && !m.Exempt {
 				continue // paused by someone else (docker pause, a preemption): not ours
 			}
 			pods = append(pods, m.Pod)
@@ -344,6 +385,12 @@ func (c *Controller) pausedByOther(cg Cgroup) bool {
 func (c *Controller) set(cg Cgroup, frozen bool) {
 	if c.preempted[cg.Path] {
 		delete(c.frozen, cg) // handed to the executor (Preempt): its to thaw
+		return
+	}
+	if frozen && !c.frozen[cg] && c.pausedByOther(cg) {
+		// Paused by someone else since it was last read: frozen by us
+		// it would be thawed by us, undoing their pause.
+		c.others[cg] = true
 		return
 	}
 	c.ops.Add(1)

@@ -20,6 +20,7 @@ type recFreezer struct {
 	frozen map[Cgroup]bool
 	ops    int
 	paused map[Cgroup]bool // paused by someone else
+	reads  int             // Paused calls
 }
 
 func (f *recFreezer) Locate(pid int, _ uint64) (Cgroup, error) {
@@ -42,7 +43,10 @@ func (f *recFreezer) Set(c Cgroup, frozen bool) error {
 	return nil
 }
 
-func (f *recFreezer) Paused(c Cgroup) (bool, error) { return f.frozen[c] || f.paused[c], nil }
+func (f *recFreezer) Paused(c Cgroup) (bool, error) {
+	f.reads++
+	return f.frozen[c] || f.paused[c], nil
+}
 
 func newTestController(t *testing.T, targets ...int) (*Controller, *recFreezer, fakeHolders) {
 	state := t.TempDir()
@@ -124,6 +128,30 @@ func TestControllerNotEnforcingAndPausedByOther(t *testing.T) {
 	}
 	if _, touched := fz.frozen[other]; touched {
 		t.Error("the scheduler wrote the freezer of a cgroup someone else paused")
+	}
+}
+
+// Whether someone else paused a pod is read before the scheduler freezes
+// it and once a Period, not every tick for every running pod (that was a
+// read per slice): a 10/90 pair switches the token about twice in ten
+// slices.
+func TestControllerReadsPausedBeforeFreezing(t *testing.T) {
+	c, fz, _ := newTestController(t, 10, 90)
+	now := time.Unix(1000, 0)
+	c.refresh(now)
+	for range 100 {
+		c.tick(now)
+		now = now.Add(20 * time.Millisecond)
+	}
+	c.refresh(now)
+	for range 100 {
+		c.tick(now)
+		now = now.Add(20 * time.Millisecond)
+	}
+	// A read before each freeze (half the writes), two pods at each of
+	// the two refreshes.
+	if most := fz.ops/2 + 4; fz.reads > most {
+		t.Errorf("%d reads of the freezers' state in 200 slices (%d freezer writes), want at most %d", fz.reads, fz.ops, most)
 	}
 }
 

@@ -45,9 +45,17 @@ func newFDFreezer(f CgroupFreezer) *fdFreezer {
 }
 
 // Locate is CgroupFreezer's; it also closes the files of cgroups unused
-// for a while (Locate runs once a Period for each member).
+// for a while.
 func (f *fdFreezer) Locate(pid int, cgroupID uint64) (Cgroup, error) {
+	f.sweep()
+	return f.CgroupFreezer.Locate(pid, cgroupID)
+}
+
+// sweep closes the files of cgroups unused for a while (the Controller
+// sweeps once a Period).
+func (f *fdFreezer) sweep() {
 	f.mu.Lock()
+	defer f.mu.Unlock()
 	now := time.Now()
 	for c, fds := range f.open {
 		if now.Sub(fds.used) > unusedFor {
@@ -55,8 +63,6 @@ func (f *fdFreezer) Locate(pid int, cgroupID uint64) (Cgroup, error) {
 			delete(f.open, c)
 		}
 	}
-	f.mu.Unlock()
-	return f.CgroupFreezer.Locate(pid, cgroupID)
 }
 
 // Set freezes (waiting up to freezeWait until the cgroup is frozen) or
@@ -78,25 +84,43 @@ func (f *fdFreezer) Set(c Cgroup, frozen bool) error {
 		if !frozen {
 			return nil
 		}
-		// A running task freezes at once, one waiting for a CPU when it
-		// is next scheduled (ms under contention): read again after 20
-		// µs, doubling up to 1 ms, as cgroups.Freezer.WaitFrozen does.
-		deadline := time.Now().Add(freezeWait)
-		for step := 20 * time.Microsecond; ; step = min(2*step, time.Millisecond) {
-			done, err := fds.frozen(c)
-			if err != nil || done {
-				return err
-			}
-			left := time.Until(deadline)
-			if left <= 0 {
-				return nil // the next holder runs beside it rather than wait
-			}
-			ts := unix.NsecToTimespec(min(left, step).Nanoseconds())
-			if err := unix.Nanosleep(&ts, nil); err != nil && err != unix.EINTR {
+		return fds.waitFrozen(c, time.Now().Add(freezeWait))
+	})
+}
+
+// waitFrozen waits until c is frozen, or deadline. A running task
+// freezes at once, one waiting for a CPU when it is next scheduled (ms
+// under contention). On v2 it sleeps in poll on cgroup.events, which
+// raises POLLPRI when the file changes (frozen 0 → 1): one wake-up, not
+// a poll loop of short sleeps (most of the scheduler's wake-ups were
+// those). The read before each poll arms it: a change after the read
+// makes the poll return at once, so none is missed. On v1 (no
+// notification) it reads again after 250 µs, doubling up to 1 ms: a
+// task that is not frozen at once is waiting for a CPU (ms under
+// contention), and each shorter sleep was a wake-up for nothing.
+func (fds *freezerFDs) waitFrozen(c Cgroup, deadline time.Time) error {
+	for step := 250 * time.Microsecond; ; step = min(2*step, time.Millisecond) {
+		done, err := fds.frozen(c)
+		if err != nil || done {
+			return err
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return nil // the next holder runs beside it rather than wait
+		}
+		if c.Kind == cgroups.FreezerV2 {
+			ts := unix.NsecToTimespec(left.Nanoseconds())
+			pfd := []unix.PollFd{{Fd: int32(fds.events), Events: unix.POLLPRI}}
+			if _, err := unix.Ppoll(pfd, &ts, nil); err != nil && err != unix.EINTR {
 				return fmt.Errorf("compute: waiting for %s to freeze: %w", c.Path, err)
 			}
+			continue
 		}
-	})
+		ts := unix.NsecToTimespec(min(left, step).Nanoseconds())
+		if err := unix.Nanosleep(&ts, nil); err != nil && err != unix.EINTR {
+			return fmt.Errorf("compute: waiting for %s to freeze: %w", c.Path, err)
+		}
+	}
 }
 
 // Paused reports whether c is frozen, or freezing, by anyone.
