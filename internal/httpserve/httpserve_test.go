@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gpud/gpud/internal/testutil"
 )
 
 func TestWithDefaults(t *testing.T) {
@@ -24,23 +26,32 @@ func TestWithDefaults(t *testing.T) {
 // idle connection is closed for it; idle ones are closed after
 // IdleTimeout; a client that never finishes its headers is closed after
 // ReadHeaderTimeout.
+//
+// Two servers, so that no deadline here is a guess about the machine's
+// speed: the first's idle timeout is far longer than any wait, so a close
+// it makes can only be the cap's; the second's are short, and the test
+// waits for the close it must make (a loaded CI machine once took more
+// than 150 ms for the first server's close).
 func TestServeBounds(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	h := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
-	idle := 300 * time.Millisecond
-	s := Serve(ln, h, Limits{MaxConns: 2, IdleTimeout: idle, ReadHeaderTimeout: idle}, "test", slog.New(slog.DiscardHandler))
-	defer s.Close()
-
-	// request sends one keep-alive request on a new connection; the
-	// returned channel gets the status line, then the time gpud closed it.
-	request := func() (net.Conn, chan string) {
-		c, err := net.Dial("tcp", ln.Addr().String())
+	serve := func(l Limits) string {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)
 		}
+		s := Serve(ln, h, l, "test", slog.New(slog.DiscardHandler))
+		t.Cleanup(func() { s.Close() })
+		return ln.Addr().String()
+	}
+	// request sends one keep-alive request on a new connection; the
+	// returned channel gets the status line, then "closed" when the
+	// server closed it.
+	request := func(addr string) chan string {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
 		io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
 		ch := make(chan string, 2)
 		go func() {
@@ -50,49 +61,57 @@ func TestServeBounds(t *testing.T) {
 			io.Copy(io.Discard, rd)
 			ch <- "closed"
 		}()
-		return c, ch
+		return ch
 	}
-	c1, ch1 := request()
-	defer c1.Close()
-	if got := <-ch1; !strings.HasPrefix(got, "HTTP/1.1 200") {
-		t.Fatalf("status %q", got)
-	}
-	c2, ch2 := request()
-	defer c2.Close()
-	if got := <-ch2; !strings.HasPrefix(got, "HTTP/1.1 200") {
-		t.Fatalf("status %q", got)
-	}
-	c3, ch3 := request()
-	defer c3.Close()
-	select {
-	case got := <-ch3:
-		if !strings.HasPrefix(got, "HTTP/1.1 200") {
-			t.Fatalf("third client: %q", got)
-		}
-	case <-time.After(idle / 2):
-		t.Fatal("third client not answered while two idle connections held the slots")
-	}
-	select {
-	case <-ch1:
-	case <-time.After(idle / 2):
-		t.Fatal("the longest idle connection was not closed for the third client")
-	}
-	for _, ch := range []chan string{ch2, ch3} {
+	wait := testutil.Wait(10 * time.Second)
+	recv := func(ch chan string, what string) string {
+		t.Helper()
 		select {
-		case <-ch:
-		case <-time.After(5 * idle):
-			t.Fatal("an idle keep-alive connection was not closed")
+		case got := <-ch:
+			return got
+		case <-time.After(wait):
+			t.Fatalf("%s: not within %v", what, wait)
+			return ""
 		}
 	}
 
+	long := time.Hour // never reached: a close below is the cap's
+	addr := serve(Limits{MaxConns: 2, IdleTimeout: long, ReadHeaderTimeout: long})
+	ch1 := request(addr)
+	if got := recv(ch1, "first client's answer"); !strings.HasPrefix(got, "HTTP/1.1 200") {
+		t.Fatalf("status %q", got)
+	}
+	ch2 := request(addr)
+	if got := recv(ch2, "second client's answer"); !strings.HasPrefix(got, "HTTP/1.1 200") {
+		t.Fatalf("status %q", got)
+	}
+	ch3 := request(addr)
+	if got := recv(ch3, "the third client answered while two idle connections held the slots"); !strings.HasPrefix(got, "HTTP/1.1 200") {
+		t.Fatalf("third client: %q", got)
+	}
+	recv(ch1, "the longest idle connection closed for the third client")
+	select {
+	case <-ch2:
+		t.Fatal("the second connection was closed too; only the longest idle one should be")
+	default:
+	}
+
+	idle := 300 * time.Millisecond
+	addr = serve(Limits{MaxConns: 2, IdleTimeout: idle, ReadHeaderTimeout: idle})
+	ch := request(addr)
+	if got := recv(ch, "answer"); !strings.HasPrefix(got, "HTTP/1.1 200") {
+		t.Fatalf("status %q", got)
+	}
+	recv(ch, "an idle keep-alive connection closed after IdleTimeout")
+
 	// Headers never finished.
-	slow, err := net.Dial("tcp", ln.Addr().String())
+	slow, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer slow.Close()
 	io.WriteString(slow, "GET / HTTP/1.1\r\nHost:")
-	slow.SetReadDeadline(time.Now().Add(5 * idle))
+	slow.SetReadDeadline(time.Now().Add(wait))
 	if _, err := io.Copy(io.Discard, slow); err != nil {
 		t.Fatalf("a client with unfinished headers was not closed: %v", err)
 	}
