@@ -124,7 +124,7 @@ func runFlags() (*pflag.FlagSet, *runOptions) {
 	size(&o.draMem[1], "dra-memory-min", def.DRAMemoryMin, "smallest share of a GPU's memory a claim may ask")
 	size(&o.draMem[2], "dra-memory-step", def.DRAMemoryStep, "shares are rounded up to a multiple of this (0: any size)")
 	size(&o.draMem[3], "dra-memory-default", def.DRAMemoryDefault, "the share of a request that asks no memory")
-	fs.DurationVar(&cfg.ComputeSlice, "compute-slice", def.ComputeSlice, "a compute-sharing pod's token: it runs alone this long")
+	fs.DurationVar(&cfg.ComputeSlice, "compute-slice", def.ComputeSlice, "a compute-sharing pod's shortest run with the token")
 	fs.DurationVar(&cfg.ComputePeriod, "compute-period", def.ComputePeriod, "a busy compute-sharing pod is frozen at most this long in a row")
 	fs.StringVar(&cfg.DRAPluginDir, "dra-plugin-dir", def.DRAPluginDir, "the DRA plugin's directory as the host sees it")
 	fs.StringVar(&cfg.DRARegistryDir, "dra-registry-dir", def.DRARegistryDir, "kubelet's plugin registration directory as the host sees it")

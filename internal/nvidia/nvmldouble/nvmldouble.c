@@ -40,11 +40,14 @@
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <limits.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/inotify.h>
 #include <time.h>
+#include <unistd.h>
 
 typedef int nvmlReturn_t;
 enum {
@@ -205,7 +208,27 @@ static struct nvmlEventSet_st sets[MAX_SETS];
 // script_path is nvml-double.txt next to this library, found from the
 // kernel's name of the file mapped here (/proc/self/maps): gpud loads the
 // library through /proc/self/fd/N, which is the name dladdr would give.
+//
+// Found once and kept (script_cached): the library's mapping does not
+// move while it is loaded, and reading gpud's whole /proc/self/maps at
+// every NVML call cost gpud CPU that real NVML does not (a tenth of a
+// compute-sharing gpud's, issue 30). The caller holds mu.
+static char script_cached[PATH_MAX];
+
+static int script_path_uncached(char *out, size_t n);
+
 static int script_path(char *out, size_t n) {
+	if (!script_cached[0] && script_path_uncached(script_cached, sizeof(script_cached)) != 0) {
+		script_cached[0] = 0;
+		return -1;
+	}
+	if (strlen(script_cached) + 1 > n)
+		return -1;
+	strcpy(out, script_cached);
+	return 0;
+}
+
+static int script_path_uncached(char *out, size_t n) {
 	char line[PATH_MAX + 256];
 	unsigned long here = (unsigned long)(void *)script_path, lo, hi;
 	int found = -1;
@@ -998,6 +1021,35 @@ static struct eventerr *wait_error(struct script *s) {
 	return NULL;
 }
 
+static void close_fd(int *fd) {
+	if (*fd >= 0)
+		close(*fd);
+}
+
+// watch_script returns an inotify descriptor that becomes readable when
+// the script is replaced or rewritten (-1 when it cannot: the wait then
+// polls). Real NVML's wait blocks in the driver and costs nothing while no
+// event comes; a double that re-read its script every 20 ms put that cost
+// on gpud (half of a compute-sharing gpud's CPU, issue 30).
+static int watch_script(void) {
+	char path[PATH_MAX];
+	pthread_mutex_lock(&mu);
+	int r = script_path(path, sizeof(path));
+	pthread_mutex_unlock(&mu);
+	char *slash = strrchr(path, '/');
+	if (r != 0 || !slash)
+		return -1;
+	*slash = 0;
+	int fd = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+	if (fd < 0)
+		return -1;
+	if (inotify_add_watch(fd, path, IN_MOVED_TO | IN_CLOSE_WRITE | IN_CREATE | IN_DELETE | IN_MODIFY) < 0) {
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
 nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms) {
 	struct script *s __attribute__((cleanup(free_script))) = malloc(sizeof(struct script));
 	struct timespec start, now, pause = {0, 20 * 1000 * 1000};
@@ -1006,6 +1058,8 @@ nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsi
 	if (set < sets || set >= sets + MAX_SETS || !set->used || !data)
 		return NVML_ERROR_INVALID_ARGUMENT;
 	clock_gettime(CLOCK_MONOTONIC, &start);
+	// Watched before the first read, so a change after it is not missed.
+	int watch __attribute__((cleanup(close_fd))) = watch_script();
 	for (int first = 1;; first = 0) {
 		pthread_mutex_lock(&mu);
 		nvmlReturn_t r = initialized ? load(s) : NVML_ERROR_UNINITIALIZED;
@@ -1053,7 +1107,17 @@ nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsi
 		long long ms = (now.tv_sec - start.tv_sec) * 1000LL + (now.tv_nsec - start.tv_nsec) / 1000000;
 		if (ms >= (long long)timeoutms)
 			return NVML_ERROR_TIMEOUT;
-		nanosleep(&pause, NULL);
+		if (watch < 0) {
+			nanosleep(&pause, NULL);
+			continue;
+		}
+		struct pollfd p = {.fd = watch, .events = POLLIN};
+		long long left = (long long)timeoutms - ms;
+		if (poll(&p, 1, left > 1000 ? 1000 : (int)left) > 0) {
+			char buf[4096];
+			while (read(watch, buf, sizeof(buf)) > 0)
+				;
+		}
 	}
 }
 

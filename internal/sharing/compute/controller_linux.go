@@ -19,7 +19,8 @@ import (
 // Utilization is per-process GPU utilization (NVML's process utilization).
 type Utilization interface {
 	// Utilization returns the percent of GPU gpu (0–100) each process,
-	// by PID, used since the previous call for that GPU. Busy processes
+	// by PID, used since the previous call for that GPU (over 100 when
+	// a measurement of a longer time arrives in it). Busy processes
 	// sharing a GPU share its 100 %; a frozen process uses 0.
 	Utilization(gpu int) (map[int]float64, error)
 }
@@ -106,26 +107,47 @@ type member struct {
 	cg   Cgroup
 }
 
-// sampled is Utilization from the last NVML sample: its percentages
-// stand for the time since (the scheduler charges them per step); a
-// sample older than maxAge is no measurement.
+// sampled is Utilization from NVML's samples: each sample (the average
+// since the one before) is charged once, at the first call after it, for
+// the time it covers: its percent times its time over the time since the
+// previous call (above 100 when it covers more; 0 when no new sample came).
+// The scheduler steps once a run (100–200 ms) and NVML samples every 200
+// ms: charging the last sample's percent for each step's time instead
+// counted some samples twice and others not at all, in step with the
+// schedule, and a pod's measured use per second of token came out 25 %
+// off. A sample older than maxAge is no measurement.
 type sampled struct {
 	f      func(gpu int) (map[int32]uint32, time.Time, error)
 	clock  Clock
 	maxAge time.Duration
+	last   map[int]sampledAt
 }
 
-func (s sampled) Utilization(gpu int) (map[int]float64, error) {
+// sampledAt: the last sample charged and the last call, per GPU.
+type sampledAt struct{ sample, call time.Time }
+
+func (s *sampled) Utilization(gpu int) (map[int]float64, error) {
 	m, at, err := s.f(gpu)
 	if err != nil {
 		return nil, err
 	}
-	if age := s.clock.Now().Sub(at); age > s.maxAge {
+	now := s.clock.Now()
+	if age := now.Sub(at); age > s.maxAge {
 		return nil, fmt.Errorf("compute: GPU %d's utilization sample is %s old", gpu, age.Round(time.Millisecond))
+	}
+	prev := s.last[gpu]
+	s.last[gpu] = sampledAt{sample: at, call: now}
+	scale := 1.0 // the first call: the sample stands for the time since
+	if since := now.Sub(prev.call); !prev.call.IsZero() && since > 0 {
+		covers := at.Sub(prev.sample)
+		if prev.sample.IsZero() || covers > s.maxAge {
+			covers = since
+		}
+		scale = max(covers.Seconds(), 0) / since.Seconds()
 	}
 	out := make(map[int]float64, len(m))
 	for pid, pct := range m {
-		out[int(pid)] = float64(pct)
+		out[int(pid)] = float64(pct) * scale
 	}
 	return out, nil
 }
@@ -175,7 +197,7 @@ func New(cfg Config) *Controller {
 		cfg.Freezer = newFDFreezer(CgroupFreezer{ProcRoot: cfg.ProcRoot, CgroupRoot: cfg.CgroupRoot})
 	}
 	if cfg.Utilization == nil && cfg.Samples != nil {
-		cfg.Utilization = sampled{f: cfg.Samples, clock: cfg.Clock, maxAge: 2 * cfg.Period}
+		cfg.Utilization = &sampled{f: cfg.Samples, clock: cfg.Clock, maxAge: 2 * cfg.Period, last: map[int]sampledAt{}}
 	}
 	if cfg.Enforcing == nil {
 		cfg.Enforcing = func() bool { return true }
@@ -187,39 +209,54 @@ func New(cfg Config) *Controller {
 func (c *Controller) Ops() uint64 { return c.ops.Load() }
 
 // Run thaws what a previous gpud left frozen (the journal), then
-// schedules every Slice until ctx ends, when it thaws everything it froze.
+// schedules until ctx ends, when it thaws everything it froze. It wakes
+// when a run ends (the earliest Due of the GPUs' schedulers: one wake-up a
+// run, not one a slice) and once a Period to read the book and the
+// holders (then it steps too: a pod gone is thawed, a new one seen).
 func (c *Controller) Run(ctx context.Context) {
 	if n, err := ThawJournal(c.cfg.StateDir, c.cfg.CgroupRoot, c.cfg.Freezer, c.cfg.Preempted); err != nil || n > 0 {
 		c.cfg.Log.Warn("thawed the cgroups a previous gpud's compute scheduler left frozen", "cgroups", n, "error", err)
 	}
 	defer c.stop()
-	next := c.cfg.Clock.Now()
-	var refreshed time.Time
+	var refreshed, due time.Time
 	for {
 		now := c.cfg.Clock.Now()
+		stepped := false
 		if now.Sub(refreshed) >= c.cfg.Period {
 			c.refresh(now)
 			refreshed = now
+			c.tick(now)
+			stepped = true
 		}
-		c.tick(now)
-		next = next.Add(c.cfg.Slice)
-		if c.idle() {
-			next = now.Add(c.cfg.Period) // nothing shared by compute: look again a Period later
-		} else if next.Before(now) {
-			next = now.Add(c.cfg.Slice) // late: no burst to catch up
+		if !stepped && !now.Before(due) {
+			c.tick(now)
+		}
+		// A late wake-up steps at once; no burst to catch up.
+		due = c.due(now)
+		next := refreshed.Add(c.cfg.Period)
+		if due.Before(next) {
+			next = due
 		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-c.cfg.Clock.After(next.Sub(now)):
+		case <-c.cfg.Clock.After(max(next.Sub(now), time.Millisecond)):
 		}
 	}
 }
 
-func (c *Controller) idle() bool {
+// due is the earliest next Step of the GPUs' schedulers; a Period later
+// when nothing is scheduled.
+func (c *Controller) due(now time.Time) time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return len(c.members) == 0 && len(c.frozen) == 0
+	due := now.Add(c.cfg.Period)
+	for gpu := range c.members {
+		if s := c.scheds[gpu]; s != nil && s.Due().Before(due) {
+			due = s.Due()
+		}
+	}
+	return due
 }
 
 // refresh reads the book and the holders: each GPU's sharing pods with a

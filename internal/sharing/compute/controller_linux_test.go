@@ -1,9 +1,11 @@
 package compute
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -238,5 +240,95 @@ func TestThawJournalSkipsPreempted(t *testing.T) {
 	n, err := ThawJournal(state, "/sys/fs/cgroup", fz, func(path string) bool { return path == a.Path })
 	if err != nil || n != 1 || !fz.frozen[a] || fz.frozen[b] {
 		t.Fatalf("thawed %d (%v): a frozen %v, b frozen %v; want only b thawed", n, err, fz.frozen[a], fz.frozen[b])
+	}
+}
+
+// fastClock is a simulated clock: After moves it on by d at once; it
+// cancels the run once it reaches end.
+type fastClock struct {
+	now    time.Time
+	end    time.Time
+	cancel func()
+	wakes  int
+}
+
+func (c *fastClock) Now() time.Time { return c.now }
+
+func (c *fastClock) After(d time.Duration) <-chan time.Time {
+	c.now = c.now.Add(d)
+	c.wakes++
+	if !c.now.Before(c.end) {
+		c.cancel()
+	}
+	ch := make(chan time.Time, 1)
+	ch <- c.now
+	return ch
+}
+
+// Run wakes once a run (and once a Period to refresh), not once a slice:
+// with 4 busy pods 10/20/30/40 it woke 50 times a second and wrote the
+// freezers about 90 times.
+func TestControllerWakesOncePerRun(t *testing.T) {
+	c, fz, _ := newTestController(t, 10, 20, 30, 40)
+	ctx, cancel := context.WithCancel(context.Background())
+	clock := &fastClock{now: time.Unix(1000, 0), end: time.Unix(1010, 0), cancel: cancel}
+	c.cfg.Clock = clock
+	c.Run(ctx)
+	if secs := clock.now.Sub(time.Unix(1000, 0)).Seconds(); secs < 10 {
+		t.Fatalf("ran %.1f s of simulated time", secs)
+	}
+	if per := float64(clock.wakes) / 10; per > 10 {
+		t.Errorf("%.1f wake-ups a second, want at most 10", per)
+	}
+	if per := float64(fz.ops) / 10; per > 12 {
+		t.Errorf("%.1f freezer writes a second, want at most 12", per)
+	}
+	t.Logf("%.1f wake-ups, %.1f freezer writes a second", float64(clock.wakes)/10, float64(fz.ops)/10)
+}
+
+// Each NVML sample is charged once, for the time it covers, whatever the
+// steps' times. A pod holding the token 100 ms a second, steps at the
+// runs' ends (100 ms, then 150 ms runs), NVML sampling every 200 ms: the
+// last sample's percent charged for each step's time came out 0.68 to
+// 1.13 of its use, by the samples' phase (the schedule and the samples
+// are in step).
+func TestSampledChargesEachSampleOnce(t *testing.T) {
+	start := time.Unix(1000, 0)
+	busy := func(from, to time.Time) float64 { // seconds the pod ran in [from, to)
+		n := 0.0
+		for x := from; x.Before(to); x = x.Add(time.Millisecond) {
+			if x.Sub(start)%time.Second < 100*time.Millisecond {
+				n += 0.001
+			}
+		}
+		return n
+	}
+	for _, phase := range []time.Duration{0, 50 * time.Millisecond, 100 * time.Millisecond, 150 * time.Millisecond} {
+		clock := &fastClock{now: start, end: start.Add(time.Hour), cancel: func() {}}
+		at, pct := start, uint32(0)
+		s := &sampled{clock: clock, maxAge: 2 * time.Second, last: map[int]sampledAt{},
+			f: func(int) (map[int32]uint32, time.Time, error) { return map[int32]uint32{7: pct}, at, nil }}
+		next := start.Add(phase)
+		got := 0.0
+		for range 10 {
+			for _, run := range []time.Duration{100, 150, 150, 150, 150, 150, 150} {
+				prev := clock.now
+				clock.now = clock.now.Add(run * time.Millisecond)
+				for ; !next.After(clock.now); next = next.Add(200 * time.Millisecond) {
+					if next.Sub(start) >= 200*time.Millisecond {
+						at, pct = next, uint32(math.Round(100*busy(next.Add(-200*time.Millisecond), next)/0.2))
+					}
+				}
+				u, err := s.Utilization(0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got += u[7] / 100 * clock.now.Sub(prev).Seconds()
+			}
+		}
+		// The last run's sample comes after the end: up to 100 ms short.
+		if want := busy(start, clock.now); got < want-0.15 || got > want+0.05 {
+			t.Errorf("samples at phase %s: charged %.2f s of GPU, it used %.2f s", phase, got, want)
+		}
 	}
 }

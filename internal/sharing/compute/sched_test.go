@@ -8,45 +8,61 @@ import (
 
 var testSettings = Settings{Slice: 20 * time.Millisecond, Period: time.Second}
 
-// gpu simulates one GPU on a simulated clock: each pod has a demand (the
-// fraction of the GPU it would use alone: 1 busy, 0 idle); the thawed
-// pods share the GPU by water-filling (as busy processes share a real
-// GPU's time, and the NVML double's utilization follows their run time).
+// gpu simulates one GPU on a simulated clock, in ticks of 5 ms: each pod
+// has a demand (the fraction of the GPU it would use alone: 1 busy, 0
+// idle); the thawed pods share the GPU by water-filling (as busy processes
+// share a real GPU's time, and the NVML double's utilization follows their
+// run time). The scheduler steps at its Due (rounded up to a tick, as a
+// timer is late), or every `every` when set (extra steps: a controller's
+// refresh).
 type gpu struct {
 	t      *testing.T
 	s      *Sched
 	now    time.Time
 	pods   []Pod
 	demand map[string]float64
-	use    map[string]float64 // last step's, fed to the next Step
 	run    map[string]bool
+	every  time.Duration
+	// since the last Step: each pod's use (GPU seconds), and its time
+	lastStep time.Time
+	stepAcc  map[string]float64
 	// window accounting
 	acc    map[string]float64
 	accDur float64
 	// frozen streaks
 	frozenFor map[string]time.Duration
 	maxFrozen map[string]time.Duration
-	// sampled: the scheduler sees NVML-like samples: each pod's average
-	// over the last sample period, held until the next one.
-	sampled             bool
-	sampleAcc, sampled_ map[string]float64
-	sampleN             int
+	// sampled: the scheduler sees NVML-like samples, as the Controller
+	// charges them: each pod's use over a sample period, charged at the
+	// first Step after it.
+	sampled              bool
+	sampleAcc, sampleDue map[string]float64
+	sampleN              int
+	// what the scheduler did: Steps, and token changes (a freeze and a
+	// thaw each)
+	steps, moves int
 }
 
-// samplePeriod is the NVML double's (and gpumon's) sampling period.
-const samplePeriod = 200 * time.Millisecond
+// tick is the simulation's time step; samplePeriod the NVML double's
+// (and gpumon's) sampling period.
+const (
+	tick         = 5 * time.Millisecond
+	samplePeriod = 200 * time.Millisecond
+)
 
 func newGPU(t *testing.T, pods ...Pod) *gpu {
 	g := &gpu{t: t, s: NewSched(testSettings), now: time.Unix(1000, 0), pods: pods, demand: map[string]float64{},
-		use: map[string]float64{}, acc: map[string]float64{}, frozenFor: map[string]time.Duration{}, maxFrozen: map[string]time.Duration{}}
-	g.run = g.s.Step(g.now, g.pods, g.use)
+		stepAcc: map[string]float64{}, sampleAcc: map[string]float64{}, sampleDue: map[string]float64{},
+		acc: map[string]float64{}, frozenFor: map[string]time.Duration{}, maxFrozen: map[string]time.Duration{}}
+	g.lastStep = g.now
+	g.run = g.s.Step(g.now, g.pods, map[string]float64{})
 	return g
 }
 
-// step runs one slice: the GPU is shared among the thawed pods with
-// demand, then the scheduler sees the use.
+// step runs one tick: the GPU is shared among the thawed pods with
+// demand; then, when due, the scheduler sees the use.
 func (g *gpu) step() {
-	dt := testSettings.Slice
+	dt := tick
 	use := map[string]float64{}
 	left := 1.0
 	var want []string
@@ -82,29 +98,47 @@ func (g *gpu) step() {
 	g.accDur += dt.Seconds()
 	g.now = g.now.Add(dt)
 	if g.sampled {
-		if g.sampleAcc == nil {
-			g.sampleAcc, g.sampled_ = map[string]float64{}, map[string]float64{}
-		}
 		for u, x := range use {
-			g.sampleAcc[u] += x
+			g.sampleAcc[u] += x * dt.Seconds()
 		}
-		g.sampleN++
-		if g.sampleN == int(samplePeriod/dt) {
-			g.sampled_ = map[string]float64{}
+		if g.sampleN++; g.sampleN == int(samplePeriod/dt) {
 			for u, x := range g.sampleAcc {
-				g.sampled_[u] = x / float64(g.sampleN)
+				g.sampleDue[u] += x
 			}
-			g.sampleAcc, g.sampleN = map[string]float64{}, 0
+			clear(g.sampleAcc)
+			g.sampleN = 0
 		}
-		use = g.sampled_
+	} else {
+		for u, x := range use {
+			g.stepAcc[u] += x * dt.Seconds()
+		}
 	}
-	g.run = g.s.Step(g.now, g.pods, use)
+	if g.now.Before(g.s.Due()) && (g.every == 0 || g.now.Sub(g.lastStep) < g.every) {
+		return
+	}
+	acc := g.stepAcc
+	if g.sampled {
+		acc = g.sampleDue
+	}
+	el := g.now.Sub(g.lastStep).Seconds()
+	seen := map[string]float64{}
+	for u, x := range acc {
+		seen[u] = x / el
+	}
+	clear(acc)
+	g.lastStep = g.now
+	holder := g.s.Holder()
+	g.run = g.s.Step(g.now, g.pods, seen)
+	g.steps++
+	if h := g.s.Holder(); h != holder && h != "" && holder != "" {
+		g.moves++
+	}
 }
 
 // run steps for d and returns each pod's share of it, percent.
 func (g *gpu) runFor(d time.Duration) map[string]float64 {
 	g.acc, g.accDur = map[string]float64{}, 0
-	for range int(d / testSettings.Slice) {
+	for range int(d / tick) {
 		g.step()
 	}
 	out := map[string]float64{}
@@ -158,6 +192,39 @@ func TestTargetsHeldWhenAllBusy(t *testing.T) {
 					t.Errorf("%s frozen %s in a row, over the period %s", p.UID, g.maxFrozen[p.UID], testSettings.Period)
 				}
 			}
+		})
+	}
+}
+
+// The token moves about once per busy pod a period, not every slice: a
+// pod given it keeps it for the run it is owed (at most runCap), in a
+// stable order; each move is a freeze and a thaw. Stepped every slice (as
+// the controller did, and as extra steps may come), the old scheduler
+// moved it almost every slice (~40 a period for 10/20/30/40).
+func TestTokenMovesOncePerPodARound(t *testing.T) {
+	for _, every := range []time.Duration{testSettings.Slice, 0} {
+		t.Run(map[time.Duration]string{testSettings.Slice: "stepped every slice", 0: "stepped when due"}[every], func(t *testing.T) {
+			pods := []Pod{{UID: "a", Target: 10}, {UID: "b", Target: 20}, {UID: "c", Target: 30}, {UID: "d", Target: 40}}
+			g := newGPU(t, pods...)
+			g.sampled, g.every = true, every
+			g.busy("a", "b", "c", "d")
+			g.runFor(2 * time.Second)
+			g.steps, g.moves = 0, 0
+			g.within(10*time.Second, time.Second, 3, map[string]float64{"a": 10, "b": 20, "c": 30, "d": 40})
+			if per := float64(g.moves) / 10; per > 8 {
+				t.Errorf("the token moved %.1f times a period, want at most 8", per)
+			}
+			// Stepped when due: one wake-up a run (runCap, 200 ms, or
+			// less to end a pod's turn).
+			if per := float64(g.steps) / 10; every == 0 && per > 10 {
+				t.Errorf("%.1f steps a period, want at most 10", per)
+			}
+			for _, p := range pods {
+				if g.maxFrozen[p.UID] > testSettings.Period {
+					t.Errorf("%s frozen %s in a row, over the period %s", p.UID, g.maxFrozen[p.UID], testSettings.Period)
+				}
+			}
+			t.Logf("%.1f moves, %.1f steps a period", float64(g.moves)/10, float64(g.steps)/10)
 		})
 	}
 }
@@ -241,8 +308,8 @@ func TestUnmeasuredChargesTokenTime(t *testing.T) {
 	}
 }
 
-// BenchmarkStep4Pods is one slice's decision for four busy pods (50 a
-// second per shared GPU at the default slice).
+// BenchmarkStep4Pods is one step's decision for four busy pods (about 9
+// a second per shared GPU at the default settings: one a run).
 func BenchmarkStep4Pods(b *testing.B) {
 	s := NewSched(testSettings)
 	pods := []Pod{{UID: "a", Target: 10}, {UID: "b", Target: 20}, {UID: "c", Target: 30}, {UID: "d", Target: 40}}
@@ -256,4 +323,87 @@ func BenchmarkStep4Pods(b *testing.B) {
 		}
 		now = now.Add(testSettings.Slice)
 	}
+}
+
+// FuzzSched steps a scheduler through pods coming and going, busy and
+// idle, measured or not, at uneven times: at most one pod holds the
+// token (runs frozen-able), an exempt pod always runs, the next Step is
+// due after this one and within a runCap, and no pod without a hard cap
+// is frozen much past a Period.
+func FuzzSched(f *testing.F) {
+	f.Add([]byte{10, 20, 30, 40, 0, 0, 0, 0, 20, 20, 20, 20})
+	f.Add([]byte{30, 0x80 | 30, 0x40 | 50, 1, 200, 3, 90, 7, 255, 0, 13})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if len(data) < 2 {
+			return
+		}
+		n := 1 + int(data[0])%4
+		if len(data) < 1+n {
+			return
+		}
+		var pods []Pod
+		for i := range n {
+			b := data[1+i]
+			pods = append(pods, Pod{UID: string(rune('a' + i)), Target: 1 + int(b&0x3f)%100, HardCap: b&0x80 != 0, Exempt: b&0x40 != 0})
+		}
+		s := NewSched(testSettings)
+		now := time.Unix(1000, 0)
+		demand := map[string]float64{}
+		streak := map[string]time.Duration{}
+		run := map[string]bool{}
+		measured := true
+		for i, b := range data[1+n:] {
+			dt := time.Duration(1+int(b)%250) * time.Millisecond
+			switch b % 7 {
+			case 0:
+				demand[pods[i%n].UID] = 0
+			case 1:
+				demand[pods[i%n].UID] = 1
+			case 2:
+				measured = !measured
+			}
+			now = now.Add(dt)
+			var use map[string]float64
+			if measured {
+				use = map[string]float64{}
+				var busy []string
+				for _, p := range pods {
+					if run[p.UID] && demand[p.UID] > 0 {
+						busy = append(busy, p.UID)
+					}
+				}
+				for _, u := range busy {
+					use[u] = 1 / float64(len(busy))
+				}
+			}
+			for _, p := range pods {
+				if run[p.UID] {
+					streak[p.UID] = 0
+				} else {
+					streak[p.UID] += dt
+				}
+				if !p.HardCap && streak[p.UID] > testSettings.Period+4*testSettings.Slice+250*time.Millisecond {
+					t.Fatalf("%s frozen %s in a row", p.UID, streak[p.UID])
+				}
+			}
+			run = s.Step(now, pods, use)
+			held := 0
+			for _, st := range s.Snapshot() {
+				if st.State == Running {
+					held++
+				}
+			}
+			if held > 1 {
+				t.Fatalf("%d pods hold the token", held)
+			}
+			for _, p := range pods {
+				if p.Exempt && !run[p.UID] {
+					t.Fatalf("exempt %s frozen", p.UID)
+				}
+			}
+			if d := s.Due().Sub(now); d <= 0 || d > testSettings.runCap() {
+				t.Fatalf("next Step due in %s", d)
+			}
+		}
+	})
 }
