@@ -133,6 +133,16 @@ func TestControllerNotEnforcingAndPausedByOther(t *testing.T) {
 	}
 }
 
+// tickFor ticks c n times, a 20 ms slice apart from now, and returns the
+// time after the last.
+func tickFor(c *Controller, now time.Time, n int) time.Time {
+	for range n {
+		c.tick(now)
+		now = now.Add(20 * time.Millisecond)
+	}
+	return now
+}
+
 // Whether someone else paused a pod is read before the scheduler freezes
 // it and once a Period, not every tick for every running pod (that was a
 // read per slice): a 10/90 pair switches the token about twice in ten
@@ -141,15 +151,9 @@ func TestControllerReadsPausedBeforeFreezing(t *testing.T) {
 	c, fz, _ := newTestController(t, 10, 90)
 	now := time.Unix(1000, 0)
 	c.refresh(now)
-	for range 100 {
-		c.tick(now)
-		now = now.Add(20 * time.Millisecond)
-	}
+	now = tickFor(c, now, 100)
 	c.refresh(now)
-	for range 100 {
-		c.tick(now)
-		now = now.Add(20 * time.Millisecond)
-	}
+	tickFor(c, now, 100)
 	// A read before each freeze (half the writes), two pods at each of
 	// the two refreshes.
 	if most := fz.ops/2 + 4; fz.reads > most {

@@ -30,10 +30,7 @@ func TestDecorateShowsEachPodsShare(t *testing.T) {
 	c, fz, _ := newTestController(t, 25, 75)
 	now := time.Unix(1000, 0)
 	c.refresh(now)
-	for range 100 {
-		c.tick(now)
-		now = now.Add(20 * time.Millisecond)
-	}
+	now = tickFor(c, now, 100)
 	f := v1.StateFile{GPUs: []v1.StateGPU{{Index: 0}, {Index: 1}}}
 	c.Decorate(&f)
 	if len(f.GPUs[1].ComputeShares) != 0 {
