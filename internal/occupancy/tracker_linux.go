@@ -387,8 +387,10 @@ func (t *Tracker) isOpening(pid int) bool {
 //
 // A holder whose fd table changed size since its last whole read (the
 // size of /proc/PID/fd: a dup, or any other fd opened or closed) is read
-// whole too, so a dup is found as before; where the kernel does not say
-// the size, a dup is found when the fd it was made from goes.
+// whole too, so a dup is found as before. Where the kernel does not say the
+// size (before Linux 6.2: 0), every holder is read whole, as before this
+// check: a dup would otherwise stay out of the ledger until the fd it was
+// made from goes (the kernel matrix's 6.1 guest, TestFDLifecycle).
 func (t *Tracker) rescanHolders(now time.Time) {
 	table := t.Ledger.FDTable()
 	for pid, fds := range table {
@@ -399,7 +401,7 @@ func (t *Tracker) rescanHolders(now time.Time) {
 		t.idMu.Lock()
 		last, read := t.fdCounts[pid]
 		t.idMu.Unlock()
-		if read && last == n && t.Proc.KnownFDsHold(pid, fds) {
+		if n > 0 && read && last == n && t.Proc.KnownFDsHold(pid, fds) {
 			continue
 		}
 		// Noted before the read: a change after it is seen next time.
