@@ -8,12 +8,13 @@ import (
 )
 
 // HolderRescan is how often the holders' fd tables are re-read in --hooks
-// driver: the longest a closed GPU fd stays in the ledger when no hook
+// driver: how long a closed GPU fd stays in the ledger when no hook
 // reports it (no kprobe on the driver's release, or a close that is not
-// the file's last reference, which the release never sees). Each re-read
-// checks the fds the ledger knows, a statx each, and reads a holder's
-// whole table only where one changed (occupancy.Tracker.RescanHolders): a
-// dup is found when the fd it was made from goes, or at the full resync.
+// the file's last reference, which the release never sees), for a holder
+// whose fds changed lately; one unchanged for a while is checked less
+// often, up to occupancy.RescanBackoff times this. Each re-read checks the
+// fds the ledger knows, a statx each, and reads a holder's whole table
+// only where one changed (occupancy.Tracker.RescanHolders).
 const HolderRescan = 2 * time.Second
 
 // Rescan is how often the holders' fd tables must be re-read for what the

@@ -48,6 +48,7 @@ type fakeLedger struct {
 	// unknown: PIDs that opened before gpud knew their workload.
 	unknown      map[int]bool
 	reclassified int
+	gen          uint64 // bumped at every change (CountsVersioned)
 }
 
 func newFakeLedger(gpus ...int) *fakeLedger {
@@ -58,6 +59,7 @@ func newFakeLedger(gpus ...int) *fakeLedger {
 func (l *fakeLedger) hold(gpu int, ps ...occupancy.ProcInfo) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.gen++
 	l.holders[gpu] = append(l.holders[gpu], ps...)
 }
 
@@ -65,6 +67,7 @@ func (l *fakeLedger) hold(gpu int, ps ...occupancy.ProcInfo) {
 func (l *fakeLedger) release(gpu int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.gen++
 	delete(l.holders, gpu)
 }
 
@@ -95,13 +98,18 @@ func (l *fakeLedger) countsLocked(gpu int) occupancy.ClassCounts {
 }
 
 func (l *fakeLedger) Counts() map[int]occupancy.ClassCounts {
+	out, _ := l.CountsVersioned()
+	return out
+}
+
+func (l *fakeLedger) CountsVersioned() (map[int]occupancy.ClassCounts, uint64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	out := map[int]occupancy.ClassCounts{}
 	for _, g := range l.gpus {
 		out[g] = l.countsLocked(g)
 	}
-	return out
+	return out, l.gen
 }
 
 func (l *fakeLedger) CountsOf(gpu int) occupancy.ClassCounts {
@@ -131,6 +139,7 @@ func (l *fakeLedger) Snapshot(now time.Time) occupancy.Snapshot {
 func (l *fakeLedger) Reclassify(classify func(*occupancy.ProcInfo)) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.gen++
 	l.reclassified++
 	for _, hs := range l.holders {
 		for i := range hs {
@@ -339,11 +348,14 @@ type fakeKernel struct {
 	policy    map[uint32]bpf.GPUPolicy
 	confirmed map[uint32]uint64
 	pushes    int // SetGPUPolicy calls
-	prio      map[uint64]uint32
-	forgotten []uint64
-	fenced    map[uint64]bpf.GPUSet
-	fenceOps  []string // "fence <cgroup> <fenced>", "unfence <cgroup> <fenced>", in order
-	failFence map[uint64]bool
+	// failPolicy: GPUs whose SetGPUPolicy fails (as the real one does when
+	// the GPU's entries are gone).
+	failPolicy map[uint32]bool
+	prio       map[uint64]uint32
+	forgotten  []uint64
+	fenced     map[uint64]bpf.GPUSet
+	fenceOps   []string // "fence <cgroup> <fenced>", "unfence <cgroup> <fenced>", in order
+	failFence  map[uint64]bool
 	// newFenceOnShared counts cgroups fenced for the first time while a
 	// GPU was already shared: a claimant the kernel would refuse.
 	newFenceOnShared int
@@ -358,6 +370,9 @@ func (k *fakeKernel) SetGPUPolicy(gpu uint32, p bpf.GPUPolicy, confirmedMono uin
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.pushes++
+	if k.failPolicy[gpu] {
+		return fmt.Errorf("%w: GPU %d policy: failing as asked", bpf.ErrUnprotected, gpu)
+	}
 	k.policy[gpu], k.confirmed[gpu] = p, confirmedMono
 	return nil
 }
@@ -432,11 +447,13 @@ type fakeLoans struct {
 	lent  map[int]bool
 	taken []int
 	roles map[string]string // pod UID → "borrower" or "owner" of GPU 0
+	asked int               // IsLent calls
 }
 
 func (l *fakeLoans) IsLent(gpu int) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.asked++
 	return l.lent[gpu]
 }
 
@@ -469,7 +486,7 @@ func (l *fakeLoans) takeBacks() []int {
 // rig is a Controller on fakes: enforcing, monitoring, judging not yet
 // started (Judge starts it), with a lender that has lent nothing.
 type rig struct {
-	t       *testing.T
+	t       testing.TB
 	c       *Controller
 	ledger  *fakeLedger
 	reg     *fakeRegistry
@@ -484,7 +501,7 @@ type rig struct {
 
 const testTTL = 5 * time.Second
 
-func newRig(t *testing.T, gpus ...int) *rig {
+func newRig(t testing.TB, gpus ...int) *rig {
 	t.Helper()
 	r := &rig{
 		t: t, ledger: newFakeLedger(gpus...), reg: newFakeRegistry(), exec: newFakeExecutor(),

@@ -16,6 +16,10 @@ func ledgerOps(t *testing.T, ops []byte) {
 	t.Helper()
 	const gpus = 3
 	l := NewLedger(testGPUs(gpus), time.Hour)
+	// The counts and their version after the last step: the gate skips its
+	// pass over the GPUs while the version is unchanged.
+	var lastCounts map[int]ClassCounts
+	lastGen := ^uint64(0)
 	next := func() int {
 		if len(ops) == 0 {
 			return 0
@@ -68,6 +72,11 @@ func ledgerOps(t *testing.T, ops []byte) {
 		l.mu.Unlock()
 		if got := l.Counts(); !maps.Equal(got, want) {
 			t.Fatalf("step %d (op %d): Counts() = %v, a walk of every process finds %v", step, op, got, want)
+		}
+		if got, gen := l.CountsVersioned(); gen == lastGen && !maps.Equal(got, lastCounts) {
+			t.Fatalf("step %d (op %d): counts %v at version %d, %v before at the same version", step, op, got, gen, lastCounts)
+		} else {
+			lastCounts, lastGen = maps.Clone(got), gen
 		}
 		snap := l.Snapshot(at)
 		for _, g := range snap.GPUs {

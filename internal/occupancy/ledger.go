@@ -173,6 +173,8 @@ type Ledger struct {
 	// counts is Counts' answer while no GPU's counts change (nil: to be
 	// built): the gate asks for it at every drain of the event ring.
 	counts map[int]ClassCounts
+	// countsGen counts the changes of any GPU's counts (CountsVersioned).
+	countsGen uint64
 }
 
 // NewLedger returns an empty ledger of gpus.
@@ -604,9 +606,11 @@ func (l *Ledger) countHold(p *proc, gpu, sign int) {
 	case High:
 		g.counts.High += d
 		l.counts = nil
+		l.countsGen++
 	case Low:
 		g.counts.Low += d
 		l.counts = nil
+		l.countsGen++
 	}
 }
 
@@ -769,6 +773,14 @@ type ClassCounts struct{ High, Low uint32 }
 // until the counts change (it is asked for at every drain of the event
 // ring): callers must not modify it.
 func (l *Ledger) Counts() map[int]ClassCounts {
+	counts, _ := l.CountsVersioned()
+	return counts
+}
+
+// CountsVersioned is Counts with a number that changes whenever any GPU's
+// counts change: the same number, the same counts (the gate skips its pass
+// over the GPUs at a drain that changed none without comparing them).
+func (l *Ledger) CountsVersioned() (map[int]ClassCounts, uint64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.counts == nil {
@@ -777,7 +789,7 @@ func (l *Ledger) Counts() map[int]ClassCounts {
 			l.counts[idx] = g.counts
 		}
 	}
-	return l.counts
+	return l.counts, l.countsGen
 }
 
 // CountsOf returns gpu's holders by class: Counts()[gpu] without building

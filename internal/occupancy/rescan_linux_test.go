@@ -53,6 +53,47 @@ func TestRescanRereadsOnlyChangedHolders(t *testing.T) {
 	}
 }
 
+// A holder found unchanged is checked less often, up to RescanBackoff
+// times the re-read's period apart: its close is found late, but within that bound however
+// long it held (issue 31: 512 holders each checked every 2 s were most of
+// gpud's idle CPU).
+func TestRescanBacksOffUnchangedHolders(t *testing.T) {
+	tr, p := fakeTracker(t)
+	tr.RescanHolders = 2 * time.Second
+	if err := tr.Resync(); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	tr.rescanHolders(at(0)) // read whole once
+	// Unchanged for ten minutes, re-read every 2 s as the tracker does.
+	s := 0
+	for s = 2; s <= 600; s += 2 {
+		tr.rescanHolders(at(s))
+	}
+	if got := tr.checks[123].every; got != RescanBackoff*tr.RescanHolders {
+		t.Fatalf("after ten unchanged minutes 123 is checked every %v, want %v", got, RescanBackoff*tr.RescanHolders)
+	}
+	// It closes its GPU fd (the number reused for a regular file): found
+	// within RescanBackoff re-reads, not at the next one.
+	rm(t, filepath.Join(p.root, "123", "fd", "3"))
+	p.link(123, "3", filepath.Join(p.root, "123", "stat"))
+	closed := s
+	for ; s <= closed+2*RescanBackoff; s += 2 {
+		tr.rescanHolders(at(s))
+		if _, ok := tr.Ledger.Has(123); !ok {
+			break
+		}
+	}
+	late := s - closed
+	if late > 2*RescanBackoff {
+		t.Fatalf("123 closed its GPU fd and still holds %d s later", late)
+	}
+	if late <= 2 {
+		t.Fatalf("found %d s after the close: an unchanged holder is still checked at every re-read", late)
+	}
+}
+
 // A dup changes the fd table's size (/proc/PID/fd's, Linux 6.2 and
 // later): the holder is read whole and the dup is in the ledger at once,
 // as when every holder was read whole.

@@ -79,9 +79,12 @@ func stateHolder(h HolderView) v1.StateHolder {
 func WriteStateFile(path string, f *v1.StateFile) error { return writeStateFile(path, f, true) }
 
 // writeStateFile is WriteStateFile; durable false leaves out the fsyncs
-// (the Writer makes its writes durable apart, syncFile).
+// (the Writer makes its writes durable apart, syncFile). The document is
+// compact: indenting it took two thirds of a write's CPU with 500 holders
+// (1.3 of 1.9 ms on a busy 2-vCPU machine), on the path from a change to
+// the file; `gpud status -o json` shows it indented.
 func writeStateFile(path string, f *v1.StateFile, durable bool) error {
-	b, err := json.MarshalIndent(f, "", "  ")
+	b, err := json.Marshal(f)
 	if err != nil {
 		return fmt.Errorf("occupancy: encoding state: %w", err)
 	}

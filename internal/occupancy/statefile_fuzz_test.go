@@ -92,7 +92,7 @@ func FuzzParseStateFile(f *testing.F) {
 		if !reflect.DeepEqual(f2, f3) {
 			t.Fatalf("documents differ:\n%+v\n%+v", f2, f3)
 		}
-		// In the indented form WriteStateFile writes, too.
+		// In the indented form gpud status -o json and earlier gpuds wrote, too.
 		bi, err := json.MarshalIndent(f1, "", "  ")
 		if err != nil {
 			t.Fatal(err)

@@ -87,9 +87,9 @@ type Tracker struct {
 	// commTick turns the others' reads (RefreshComms).
 	recent   map[int]time.Time
 	commTick int
-	// fdCounts: each holder's fd count (ProcFS.FDCount) at its last whole
-	// read by rescanHolders.
-	fdCounts map[int]int64
+	// checks: each holder's fd count (ProcFS.FDCount) at its last whole
+	// read by rescanHolders, and when its known fds are next checked.
+	checks map[int]holderCheck
 
 	// Opens reported before their fd existed (bpf.FDUnknown): the opener's
 	// fd table is read until it shows the GPU, or the tries run out. Used
@@ -378,7 +378,22 @@ func (t *Tracker) isOpening(pid int) bool {
 	return false
 }
 
-// rescanHolders checks every holder's known GPU fds (RescanHolders), and
+// holderCheck is one holder's place in the holders' re-read: its fd count
+// at its last whole read, how long it has gone unchanged between checks
+// (every) and when it is checked next.
+type holderCheck struct {
+	fds   int64
+	every time.Duration
+	next  time.Time
+}
+
+// RescanBackoff is how many times longer than RescanHolders a holder
+// whose fd table has not changed goes between checks at most: each
+// unchanged check doubles its wait, up to this (with the 2 s re-read of
+// --hooks driver: 2, 4, 8, 16 s); any change starts it again at one.
+const RescanBackoff = 8
+
+// rescanHolders checks the holders' known GPU fds (RescanHolders), and
 // re-reads the fd table and identity of a holder where one of them no
 // longer names its GPU (ProcFS.KnownFDsHold): on a node with hundreds of
 // idle holders the full re-read of each was most of gpud's idle CPU
@@ -391,40 +406,57 @@ func (t *Tracker) isOpening(pid int) bool {
 // size (before Linux 6.2: 0), every holder is read whole, as before this
 // check: a dup would otherwise stay out of the ledger until the fd it was
 // made from goes (the kernel matrix's 6.1 guest, TestFDLifecycle).
+//
+// A holder found unchanged is checked less often, up to RescanBackoff
+// times RescanHolders apart: a process that has held its GPU the same way
+// for a while (a notebook's kernel, a server) mostly goes on so, and the
+// check of each one every 2 s was most of what is left of gpud's idle CPU
+// on a node with 512 holders. A close found late over-reports, never
+// under-reports: the executor re-reads each victim's fds just before its
+// signal, so a stale entry never causes a kill; a high-priority holder
+// that closed keeps low-priority opens refused until it is found.
 func (t *Tracker) rescanHolders(now time.Time) {
 	table := t.Ledger.FDTable()
 	for pid, fds := range table {
 		if t.isOpening(pid) {
 			continue
 		}
-		n := t.Proc.FDCount(pid)
 		t.idMu.Lock()
-		last, read := t.fdCounts[pid]
+		c, read := t.checks[pid]
 		t.idMu.Unlock()
-		if n > 0 && read && last == n && t.Proc.KnownFDsHold(pid, fds) {
+		if read && now.Before(c.next) {
+			continue
+		}
+		n := t.Proc.FDCount(pid)
+		if n > 0 && read && c.fds == n && t.Proc.KnownFDsHold(pid, fds) {
+			c.every = min(2*c.every, RescanBackoff*t.RescanHolders)
+			c.next = now.Add(c.every - t.RescanHolders/4) // checked at the first re-read from then
+			t.idMu.Lock()
+			t.checks[pid] = c
+			t.idMu.Unlock()
 			continue
 		}
 		// Noted before the read: a change after it is seen next time.
 		t.idMu.Lock()
-		if t.fdCounts == nil {
-			t.fdCounts = map[int]int64{}
+		if t.checks == nil {
+			t.checks = map[int]holderCheck{}
 		}
-		t.fdCounts[pid] = n
+		t.checks[pid] = holderCheck{fds: n, every: t.RescanHolders}
 		t.idMu.Unlock()
 		t.Rereads.Add(1)
 		t.reconcile(pid, now)
 	}
 	t.idMu.Lock()
-	maps.DeleteFunc(t.fdCounts, func(pid int, _ int64) bool { _, ok := table[pid]; return !ok })
+	maps.DeleteFunc(t.checks, func(pid int, _ holderCheck) bool { _, ok := table[pid]; return !ok })
 	t.idMu.Unlock()
 }
 
 // commYoung and commEvery: RefreshComms reads the name of a process
 // identified in the last commYoung at each call, and of every other holder
-// at one call in commEvery (with one call a second: 10 s).
+// at one call in commEvery (with one call a second: 30 s).
 const (
 	commYoung = 10 * time.Second
-	commEvery = 10
+	commEvery = 30
 )
 
 // RefreshComms re-reads holders' names (Ledger.RefreshComms; called once
@@ -488,7 +520,7 @@ func (t *Tracker) forget(pid int) {
 	defer t.idMu.Unlock()
 	delete(t.known, pid)
 	delete(t.recent, pid)
-	delete(t.fdCounts, pid)
+	delete(t.checks, pid)
 }
 
 // Identify reads a process's identity, classified (the gate's events name

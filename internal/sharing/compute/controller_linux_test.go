@@ -336,3 +336,65 @@ func TestSampledChargesEachSampleOnce(t *testing.T) {
 		}
 	}
 }
+
+// slowFreezer is a recFreezer whose freezes complete only when waited for
+// (WaitFrozen): a spinning task under CPU load freezes when it next gets a
+// CPU. It counts the thaws done while another cgroup was still freezing,
+// and checks that the controller's lock is free while it waits.
+type slowFreezer struct {
+	*recFreezer
+	c        *Controller
+	freezing map[Cgroup]bool
+	waits    int
+	beside   int // thaws with a freeze not yet complete
+}
+
+func (f *slowFreezer) Set(c Cgroup, frozen bool) error {
+	if frozen {
+		f.freezing[c] = true
+	} else {
+		delete(f.freezing, c)
+		if len(f.freezing) > 0 {
+			f.beside++
+		}
+	}
+	return f.recFreezer.Set(c, frozen)
+}
+
+func (f *slowFreezer) WaitFrozen(c Cgroup, _ time.Time) (bool, error) {
+	f.waits++
+	if !f.c.mu.TryLock() {
+		f.t.Error("the controller waits for a freeze holding its lock (a preemption would wait too)")
+	} else {
+		f.c.mu.Unlock()
+	}
+	delete(f.freezing, c)
+	return true, nil
+}
+
+// The token's next holder is thawed only once its previous holder is
+// frozen (under CPU load a freeze completes when the task next gets a
+// CPU: tens of ms), without the controller's lock held meanwhile.
+func TestControllerThawsNextHolderOncePreviousFrozen(t *testing.T) {
+	c, rec, _ := newTestController(t, 20, 30, 50)
+	fz := &slowFreezer{recFreezer: rec, c: c, freezing: map[Cgroup]bool{}}
+	c.cfg.Freezer = fz
+	now := time.Unix(1000, 0)
+	c.refresh(now)
+	moves := 0
+	holder := ""
+	for range 200 {
+		c.tick(now)
+		if h := c.scheds[0].Holder(); h != holder {
+			moves, holder = moves+1, h
+		}
+		clear(fz.freezing) // frozen by the next tick, a slice later
+		now = now.Add(20 * time.Millisecond)
+	}
+	if moves < 10 {
+		t.Fatalf("the token moved %d times in 4 s", moves)
+	}
+	if fz.beside > 0 || fz.waits == 0 {
+		t.Errorf("%d of %d token moves thawed the next holder beside one still freezing (%d waits)", fz.beside, moves, fz.waits)
+	}
+}

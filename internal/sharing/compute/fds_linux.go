@@ -88,6 +88,20 @@ func (f *fdFreezer) Set(c Cgroup, frozen bool) error {
 	})
 }
 
+// WaitFrozen waits until c, which Set froze, is frozen, or deadline; it
+// reports whether it is.
+func (f *fdFreezer) WaitFrozen(c Cgroup, deadline time.Time) (done bool, err error) {
+	err = f.with(c, func(fds *freezerFDs) error {
+		if err := fds.waitFrozen(c, deadline); err != nil {
+			return err
+		}
+		var err error
+		done, err = fds.frozen(c)
+		return err
+	})
+	return done, err
+}
+
 // waitFrozen waits until c is frozen, or deadline. A running task
 // freezes at once, one waiting for a CPU when it is next scheduled (ms
 // under contention). On v2 it sleeps in poll on cgroup.events, which

@@ -14,10 +14,21 @@
 //                 says FROZEN (v1 has no notification)
 //   thaw DIR      write "0" to DIR/cgroup.freeze (or THAWED to
 //                 freezer.state, whichever DIR has) and wait for thawed
+//   rt            run at SCHED_FIFO priority 1 from now on (the class of
+//                 gpud's preempting thread); answers 0
+//   onopen FIFO CMD...
+//                 answer 0, open FIFO for reading, which waits until
+//                 something opens it for writing (10 s at most), and run
+//                 CMD, whose answer follows with the CLOCK_MONOTONIC ns at
+//                 which it started ("NS START"): a freeze triggered by an
+//                 open, as gpud's is by the gate's event. A FIFO's opener
+//                 wakes the reader at once; inotify's IN_OPEN came 3–30 ms
+//                 after the open here.
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,11 +39,24 @@
 
 #define MAXV 4096
 
+// with_start: the freeze commands answer "NS START" (START: their first
+// syscall's CLOCK_MONOTONIC ns), for onopen.
+static int with_start;
+
 static long long now_ns(void)
 {
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static void answer(long long t0)
+{
+	long long ns = now_ns() - t0;
+	if (with_start)
+		printf("%lld %lld\n", ns, t0);
+	else
+		printf("%lld\n", ns);
 }
 
 static int pidfd_open(pid_t pid) { return (int)syscall(SYS_pidfd_open, pid, 0); }
@@ -115,7 +139,7 @@ static void freeze_v2(const char *dir, const char *v, char want)
 		struct timespec ts = {0, 50000};
 		ppoll(&p, 1, &ts, NULL);
 	}
-	printf("%lld\n", now_ns() - t0);
+	answer(t0);
 out:
 	if (ctl >= 0)
 		close(ctl);
@@ -153,8 +177,76 @@ static void freeze_v1(const char *dir, const char *v, const char *want)
 		nanosleep(&ts, NULL);
 	}
 	if (strncmp(buf, want, strlen(want)) == 0)
-		printf("%lld\n", now_ns() - t0);
+		answer(t0);
 	close(st);
+}
+
+static void do_rt(void)
+{
+	struct sched_param sp = {.sched_priority = 1};
+	if (sched_setscheduler(0, SCHED_FIFO, &sp) != 0) {
+		printf("err sched_setscheduler SCHED_FIFO 1: %s\n", strerror(errno));
+		return;
+	}
+	printf("0\n");
+}
+
+static void run(char *line);
+
+static void on_alarm(int sig) { (void)sig; }
+
+// onopen: the command in rest, once the FIFO args is opened for writing.
+static void do_onopen(char *args)
+{
+	char *rest = strchr(args, ' ');
+	if (!rest) {
+		printf("err onopen FIFO CMD...\n");
+		return;
+	}
+	*rest++ = 0;
+	// SIGALRM without SA_RESTART ends the open's wait with EINTR.
+	struct sigaction sa = {.sa_handler = on_alarm};
+	sigaction(SIGALRM, &sa, NULL);
+	printf("0\n");
+	alarm(10);
+	int fd = open(args, O_RDONLY | O_CLOEXEC);
+	alarm(0);
+	if (fd < 0) {
+		printf("err no open of %s in 10 s: %s\n", args, strerror(errno));
+		return;
+	}
+	close(fd);
+	with_start = 1;
+	run(rest);
+	with_start = 0;
+}
+
+static void run(char *line)
+{
+	char *arg = strchr(line, ' ');
+	if (arg)
+		*arg++ = 0;
+	else
+		arg = line + strlen(line);
+	if (strcmp(line, "kill") == 0)
+		do_kill(arg);
+	else if (strcmp(line, "freeze") == 0)
+		freeze_v2(arg, "1", '1');
+	else if (strcmp(line, "freezev1") == 0)
+		freeze_v1(arg, "FROZEN", "FROZEN");
+	else if (strcmp(line, "thaw") == 0) {
+		int v1 = open_in(arg, "freezer.state", O_RDONLY);
+		if (v1 >= 0) {
+			close(v1);
+			freeze_v1(arg, "THAWED", "THAWED");
+		} else
+			freeze_v2(arg, "0", '0');
+	} else if (strcmp(line, "rt") == 0)
+		do_rt();
+	else if (strcmp(line, "onopen") == 0)
+		do_onopen(arg);
+	else
+		printf("err unknown command %s\n", line);
 }
 
 int main(void)
@@ -163,26 +255,7 @@ int main(void)
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	while (fgets(line, sizeof line, stdin)) {
 		line[strcspn(line, "\n")] = 0;
-		char *arg = strchr(line, ' ');
-		if (arg)
-			*arg++ = 0;
-		else
-			arg = line + strlen(line);
-		if (strcmp(line, "kill") == 0)
-			do_kill(arg);
-		else if (strcmp(line, "freeze") == 0)
-			freeze_v2(arg, "1", '1');
-		else if (strcmp(line, "freezev1") == 0)
-			freeze_v1(arg, "FROZEN", "FROZEN");
-		else if (strcmp(line, "thaw") == 0) {
-			int v1 = open_in(arg, "freezer.state", O_RDONLY);
-			if (v1 >= 0) {
-				close(v1);
-				freeze_v1(arg, "THAWED", "THAWED");
-			} else
-				freeze_v2(arg, "0", '0');
-		} else
-			printf("err unknown command %s\n", line);
+		run(line);
 	}
 	return 0;
 }
