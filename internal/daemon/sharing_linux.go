@@ -5,6 +5,7 @@ import (
 
 	"github.com/gpud/gpud/internal/deviceplugin/lending"
 	"github.com/gpud/gpud/internal/dra"
+	"github.com/gpud/gpud/internal/preempt/kill"
 	"github.com/gpud/gpud/internal/sharing"
 	"github.com/gpud/gpud/internal/sharing/compute"
 )
@@ -46,7 +47,7 @@ func (d *Daemon) setupShares() {
 	d.shares = sharing.NewEnforcer(c)
 	d.gate.SharedOpened, d.registry.OnChange = func(int) { d.shares.Kick() }, d.shares.ClassChanged
 	d.compute = compute.New(compute.Config{Settings: compute.Settings{Slice: d.cfg.ComputeSlice, Period: d.cfg.ComputePeriod}, Book: d.cfg.Shares, Holders: d.ledger,
-		Workloads: d.registry, Samples: d.nvmon.Utilization, Enforcing: d.gate.Enforcing, Log: d.log, StateDir: d.cfg.StateDir, ProcRoot: d.cfg.ProcRoot, CgroupRoot: d.executor.CgroupRoot, Preempted: d.executor.Preempting})
+		Workloads: d.registry, Samples: d.nvmon.Busy, Thread: &kill.EventThread{Log: d.log, Name: "compute scheduler", Budget: kill.EventThreadBudget, Window: kill.EventThreadWindow}, Enforcing: d.gate.Enforcing, Log: d.log, StateDir: d.cfg.StateDir, ProcRoot: d.cfg.ProcRoot, CgroupRoot: d.executor.CgroupRoot, Preempted: d.executor.Preempting})
 	d.nvmon.ShareGPUs, d.gate.ComputeShare, d.executor.Claim, d.executor.Unclaim = d.compute.Scheduling, d.compute.Share, d.compute.Preempt, d.compute.Unpreempt // utilization sampled while shared; a preemption's freeze never the scheduler's to thaw
 	d.runners = append(d.runners, d.shares.Run, d.compute.Run, compute.NewNotifier(d.compute, d.src.Events).Run)
 }

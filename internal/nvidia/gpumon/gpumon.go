@@ -106,6 +106,63 @@ type cond struct {
 	// none yet, or the source failed).
 	shares   map[int32]uint32
 	sharesAt time.Time
+	busy     busyTotals
+}
+
+// busyTotals is the GPU time each process used, summed over the SrcShares
+// readings since from (each reading's percent times the time it covers:
+// since the one before), through the newest reading's time. A consumer
+// stepping at its own times takes the difference since its last look, so
+// that each sample is counted once even when several arrive between two
+// looks: keeping only the last reading, two arriving between two steps
+// lost the first and charged the second for both periods.
+type busyTotals struct {
+	byPID         map[int32]busyOf
+	from, through time.Time // zero from: none yet, or a gap or failure ended them
+}
+
+// busyOf is one process's GPU time, and the last reading that named it.
+type busyOf struct {
+	busy time.Duration
+	seen time.Time
+}
+
+// busyForget: a process no reading named for this long is dropped from
+// busyTotals (gone, or idle: counted from 0 again if it comes back).
+const busyForget = time.Minute
+
+// busyGap: a reading more than this after the one before starts the
+// totals again (what its percent covers of the gap is unknown: the
+// driver keeps samples for seconds, not for ever): a second, or five
+// ShareIntervals.
+func (m *Monitor) busyGap() time.Duration {
+	return max(time.Second, 5*orDefault(m.ShareInterval, 200*time.Millisecond))
+}
+
+// add takes one successful SrcShares reading into the totals: its
+// percents for the time since the last reading's (at is the newest
+// sample's time, or the reading's when there was none).
+func (b *busyTotals) add(shares map[uint32]uint32, at time.Time, gap time.Duration) {
+	if b.from.IsZero() || at.Sub(b.through) > gap {
+		b.byPID, b.from, b.through = map[int32]busyOf{}, at, at
+		return // the first reading: where the totals start
+	}
+	if !at.After(b.through) {
+		return // a sample no newer than the totals: its time is counted
+	}
+	covers := at.Sub(b.through)
+	b.through = at
+	for pid, pct := range shares {
+		o := b.byPID[int32(pid)]
+		o.busy += covers * time.Duration(pct) / 100
+		o.seen = at
+		b.byPID[int32(pid)] = o
+	}
+	for pid, o := range b.byPID {
+		if at.Sub(o.seen) > busyForget {
+			delete(b.byPID, pid)
+		}
+	}
 }
 
 func newCond() *cond {
@@ -371,21 +428,59 @@ func (m *Monitor) shareLoop(ctx context.Context, gpu int) {
 func (m *Monitor) Utilization(gpu int) (map[int32]uint32, time.Time, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	c, err := m.sharesOf(gpu)
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	return maps.Clone(c.shares), c.sharesAt, nil
+}
+
+// sharesOf is gpu's condition when its per-process utilization is
+// sampled; the caller holds mu.
+func (m *Monitor) sharesOf(gpu int) (*cond, error) {
 	c := m.conds[gpu]
 	_, sampled := m.sampled[gpu]
 	switch {
 	case m.Lib == nil || !m.loaded:
-		return nil, time.Time{}, fmt.Errorf("utilization of GPU %d: NVML unavailable", gpu)
+		return nil, fmt.Errorf("utilization of GPU %d: NVML unavailable", gpu)
 	case c == nil || !sampled || m.ShareGPUs == nil:
-		return nil, time.Time{}, fmt.Errorf("utilization of GPU %d: not sampled from NVML", gpu)
+		return nil, fmt.Errorf("utilization of GPU %d: not sampled from NVML", gpu)
 	case c.lost != "":
-		return nil, time.Time{}, fmt.Errorf("utilization of GPU %d: %w", gpu, ErrGPUIsLost)
+		return nil, fmt.Errorf("utilization of GPU %d: %w", gpu, ErrGPUIsLost)
 	case c.failed[SrcShares] != nil:
-		return nil, time.Time{}, fmt.Errorf("utilization of GPU %d: %w", gpu, c.failed[SrcShares])
+		return nil, fmt.Errorf("utilization of GPU %d: %w", gpu, c.failed[SrcShares])
 	case c.sharesAt.IsZero():
-		return nil, time.Time{}, fmt.Errorf("utilization of GPU %d: %w", gpu, ErrNoSample)
+		return nil, fmt.Errorf("utilization of GPU %d: %w", gpu, ErrNoSample)
 	}
-	return maps.Clone(c.shares), c.sharesAt, nil
+	return c, nil
+}
+
+// Busy is the GPU time each process of GPU gpu used, by PID, summed over
+// its per-process utilization samples (ShareGPUs asks for them) from
+// `from` through `through` (the newest sample's time), each sample once:
+// the difference between two looks with the same from is what each
+// process used between them, however many samples arrived meanwhile. A
+// gap in the samples (a failed source, sampling stopped for a while)
+// starts the totals again from a new from; a process not sampled for a
+// minute is dropped (its total starts again at 0). It fails as
+// Utilization does, and until a second sample (the first is where the
+// totals start).
+func (m *Monitor) Busy(gpu int) (byPID map[int32]time.Duration, from, through time.Time, err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c, err := m.sharesOf(gpu)
+	if err != nil {
+		return nil, time.Time{}, time.Time{}, err
+	}
+	b := c.busy
+	if b.from.IsZero() || !b.through.After(b.from) {
+		return nil, time.Time{}, time.Time{}, fmt.Errorf("busy time of GPU %d: %w", gpu, ErrNoSample)
+	}
+	byPID = make(map[int32]time.Duration, len(b.byPID))
+	for pid, o := range b.byPID {
+		byPID[pid] = o.busy
+	}
+	return byPID, b.from, b.through, nil
 }
 
 // ErrNoSample: the GPU's per-process utilization is not sampled yet.
@@ -472,6 +567,9 @@ func (m *Monitor) apply(gpu int, ask Source, r Reading, now time.Time) {
 			if c.sharesAt.IsZero() {
 				c.sharesAt = now
 			}
+			c.busy.add(r.Shares, c.sharesAt, m.busyGap())
+		} else {
+			c.busy = busyTotals{} // what the failed reading missed is unknown
 		}
 	}
 	if ask&SrcMemory != 0 {

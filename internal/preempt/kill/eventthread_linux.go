@@ -34,7 +34,10 @@ const (
 // too. Where real-time priority is refused, the thread stays at its normal
 // priority, and that is said once.
 type EventThread struct {
-	Log    *slog.Logger
+	Log *slog.Logger
+	// Name is the thread's, in its log lines ("thread"); "": "event reader".
+	// The compute scheduler's loop is raised by one too (compute.Config.Thread).
+	Name   string
 	Budget time.Duration
 	Window time.Duration
 	// Demotions counts the windows in which the budget ran out.
@@ -53,10 +56,14 @@ func NewEventThread(log *slog.Logger) *EventThread {
 }
 
 func (r *EventThread) log() *slog.Logger {
-	if r.Log == nil {
-		return slog.Default()
+	l, name := r.Log, r.Name
+	if l == nil {
+		l = slog.Default()
 	}
-	return r.Log
+	if name == "" {
+		name = "event reader"
+	}
+	return l.With("thread", name)
 }
 
 // Enter locks the calling goroutine to its thread and raises the thread.
@@ -64,11 +71,11 @@ func (r *EventThread) Enter() {
 	runtime.LockOSThread()
 	old, err := unix.SchedGetAttr(0, 0)
 	if err != nil {
-		r.log().Warn("the event reader runs at normal priority: reading its scheduling", "error", err)
+		r.log().Warn("a raised thread runs at normal priority: reading its scheduling", "error", err)
 		return
 	}
 	if err := schedSetAttr(0, fifo1(), 0); err != nil {
-		r.log().Warn("the event reader runs at normal priority: real-time priority refused", "error", err)
+		r.log().Warn("a raised thread runs at normal priority: real-time priority refused", "error", err)
 		return
 	}
 	r.old, r.on = old, true
@@ -112,12 +119,12 @@ func (r *EventThread) Tick(now time.Time) {
 	}
 	if r.on && threadCPU()-r.cpuAtWin > r.Budget {
 		if err := schedSetAttr(0, r.old, 0); err != nil {
-			r.log().Error("lowering the event reader's priority", "error", err)
+			r.log().Error("lowering a raised thread's priority", "error", err)
 			return
 		}
 		r.on = false
 		r.Demotions.Add(1)
-		r.log().Debug("event reader over its real-time budget: normal priority until the window ends", "budget", r.Budget, "window", r.Window)
+		r.log().Debug("a raised thread over its real-time budget: normal priority until the window ends", "budget", r.Budget, "window", r.Window)
 	}
 }
 
@@ -127,7 +134,7 @@ func (r *EventThread) Leave() {
 		if err := schedSetAttr(0, r.old, 0); err != nil {
 			// The thread stays locked: Go ends it with its goroutine
 			// rather than let other goroutines run on it at real-time.
-			r.log().Error("restoring the event reader's scheduling; the thread is kept apart", "error", err)
+			r.log().Error("restoring a raised thread's scheduling; the thread is kept apart", "error", err)
 			return
 		}
 	}

@@ -64,10 +64,11 @@ type Config struct {
 	// Utilization measures the pods' use; nil: the token's time is
 	// charged and no pod is called idle (no work conservation).
 	Utilization Utilization
-	// Samples, when Utilization is nil, is NVML's per-process
-	// utilization at its last sample (gpumon.Monitor.Utilization): each
-	// process's percent of the GPU, by PID, and the sample's time.
-	Samples func(gpu int) (map[int32]uint32, time.Time, error)
+	// Samples, when Utilization is nil, is the GPU time each process
+	// used, by PID, summed over NVML's per-process samples from `from`
+	// through `through` (the newest sample's time), each sample once
+	// (gpumon.Monitor.Busy); a new from starts the sums again.
+	Samples func(gpu int) (byPID map[int32]time.Duration, from, through time.Time, err error)
 	// Freezer: nil is the cgroups' (CgroupFreezer, on ProcRoot and
 	// CgroupRoot).
 	Freezer Freezer
@@ -83,6 +84,12 @@ type Config struct {
 	Enforcing func() bool
 	Clock     Clock
 	Log       *slog.Logger
+	// Thread, when set, raises Run's OS thread above normal work within
+	// a CPU budget (kill.EventThread), and Run waits between steps in
+	// ppoll on it, so that the kernel wakes it when a run ends, not a Go
+	// timer on a normal-priority thread (wait_linux.go). Only with the
+	// real clock.
+	Thread occupancy.ThreadPriority
 }
 
 type locKey struct {
@@ -107,47 +114,59 @@ type member struct {
 	cg   Cgroup
 }
 
-// sampled is Utilization from NVML's samples: each sample (the average
-// since the one before) is charged once, at the first call after it, for
-// the time it covers: its percent times its time over the time since the
-// previous call (above 100 when it covers more; 0 when no new sample came).
-// The scheduler steps once a run (100–200 ms) and NVML samples every 200
-// ms: charging the last sample's percent for each step's time instead
-// counted some samples twice and others not at all, in step with the
-// schedule, and a pod's measured use per second of token came out 25 %
-// off. A sample older than maxAge is no measurement.
+// sampled is Utilization from NVML's samples, summed (Samples): what
+// each process used since the previous call is the difference of its
+// sums, over the time since that call (above 100 % when a sample of
+// more time arrives in it; 0 when no new sample came). So each sample is
+// charged once, at the first call after it, for the time it covers,
+// however many arrive between two calls. The scheduler steps once a run
+// (100–200 ms) and NVML is read every 200 ms: charging the last sample's
+// percent for each step's time counted some samples twice and others not
+// at all, in step with the schedule (a pod's measured use per second of
+// token came out 25 % off); and keeping only the last sample, a Step
+// late under CPU load (50–100 ms) with two samples since the previous
+// lost the first and charged the second for both. A call with no
+// previous one of the same sums (the first, after a gap in the samples,
+// after maxAge without a call) is where counting starts: no measurement.
+// Sums older than maxAge are no measurement.
 type sampled struct {
-	f      func(gpu int) (map[int32]uint32, time.Time, error)
+	f      func(gpu int) (map[int32]time.Duration, time.Time, time.Time, error)
 	clock  Clock
 	maxAge time.Duration
 	last   map[int]sampledAt
 }
 
-// sampledAt: the last sample charged and the last call, per GPU.
-type sampledAt struct{ sample, call time.Time }
+// sampledAt: the sums at the last call, per GPU.
+type sampledAt struct {
+	from, call time.Time
+	busy       map[int32]time.Duration
+}
 
 func (s *sampled) Utilization(gpu int) (map[int]float64, error) {
-	m, at, err := s.f(gpu)
+	busy, from, through, err := s.f(gpu)
 	if err != nil {
 		return nil, err
 	}
 	now := s.clock.Now()
-	if age := now.Sub(at); age > s.maxAge {
+	if age := now.Sub(through); age > s.maxAge {
 		return nil, fmt.Errorf("compute: GPU %d's utilization sample is %s old", gpu, age.Round(time.Millisecond))
 	}
-	prev := s.last[gpu]
-	s.last[gpu] = sampledAt{sample: at, call: now}
-	scale := 1.0 // the first call: the sample stands for the time since
-	if since := now.Sub(prev.call); !prev.call.IsZero() && since > 0 {
-		covers := at.Sub(prev.sample)
-		if prev.sample.IsZero() || covers > s.maxAge {
-			covers = since
-		}
-		scale = max(covers.Seconds(), 0) / since.Seconds()
+	prev, ok := s.last[gpu]
+	s.last[gpu] = sampledAt{from: from, call: now, busy: busy}
+	since := now.Sub(prev.call)
+	if !ok || !prev.from.Equal(from) || since > s.maxAge {
+		return nil, fmt.Errorf("compute: GPU %d's utilization: counted from now", gpu)
 	}
-	out := make(map[int]float64, len(m))
-	for pid, pct := range m {
-		out[int(pid)] = float64(pct) * scale
+	out := make(map[int]float64, len(busy))
+	if since <= 0 {
+		return out, nil // no time: no use
+	}
+	for pid, b := range busy {
+		d := b - prev.busy[pid]
+		if d < 0 {
+			d = b // dropped (not sampled for long) and counted from 0 again
+		}
+		out[int(pid)] = 100 * d.Seconds() / since.Seconds()
 	}
 	return out, nil
 }
@@ -217,6 +236,8 @@ func (c *Controller) Run(ctx context.Context) {
 	if n, err := ThawJournal(c.cfg.StateDir, c.cfg.CgroupRoot, c.cfg.Freezer, c.cfg.Preempted); err != nil || n > 0 {
 		c.cfg.Log.Warn("thawed the cgroups a previous gpud's compute scheduler left frozen", "cgroups", n, "error", err)
 	}
+	wait, done := c.waitFor(ctx)
+	defer done() // after stop: its thaws run on the raised thread too
 	defer c.stop()
 	var refreshed, due time.Time
 	for {
@@ -237,10 +258,8 @@ func (c *Controller) Run(ctx context.Context) {
 		if due.Before(next) {
 			next = due
 		}
-		select {
-		case <-ctx.Done():
+		if !wait(max(next.Sub(now), time.Millisecond)) {
 			return
-		case <-c.cfg.Clock.After(max(next.Sub(now), time.Millisecond)):
 		}
 	}
 }

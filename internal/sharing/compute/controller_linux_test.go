@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math"
 	"path/filepath"
 	"slices"
@@ -290,6 +291,67 @@ func TestControllerWakesOncePerRun(t *testing.T) {
 	t.Logf("%.1f wake-ups, %.1f freezer writes a second", float64(clock.wakes)/10, float64(fz.ops)/10)
 }
 
+// sums sums NVML's readings as gpumon.Monitor.Busy does: each reading's
+// percents for the time since the one before, from the first reading.
+type sums struct {
+	from, through time.Time
+	busy          map[int32]time.Duration
+}
+
+func (s *sums) read(at time.Time, pct map[int32]uint32) {
+	if s.from.IsZero() {
+		s.from, s.through, s.busy = at, at, map[int32]time.Duration{}
+		return
+	}
+	for pid, p := range pct {
+		s.busy[pid] += at.Sub(s.through) * time.Duration(p) / 100
+	}
+	s.through = at
+}
+
+func (s *sums) get(int) (map[int32]time.Duration, time.Time, time.Time, error) {
+	if !s.through.After(s.from) {
+		return nil, time.Time{}, time.Time{}, fmt.Errorf("no sample yet")
+	}
+	return maps.Clone(s.busy), s.from, s.through, nil
+}
+
+// chargeSampled steps a sampled on GPU 0 at the given step lengths, NVML
+// read every 200 ms from start+phase (from start+200 ms), the pod (PID 7)
+// busy as busy says; it returns the GPU time charged to the pod and the
+// time it used, both from the first measured step on (the one before is
+// where counting starts).
+func chargeSampled(t *testing.T, phase time.Duration, steps []time.Duration, busy func(from, to time.Time) float64) (charged, used float64) {
+	t.Helper()
+	start := time.Unix(1000, 0)
+	clock := &fastClock{now: start, end: start.Add(time.Hour), cancel: func() {}}
+	src := &sums{}
+	s := &sampled{clock: clock, maxAge: 2 * time.Second, last: map[int]sampledAt{}, f: src.get}
+	next := start.Add(phase)
+	var from time.Time // the sums' time at the step counting starts from
+	for _, step := range steps {
+		prev := clock.now
+		clock.now = clock.now.Add(step)
+		for ; !next.After(clock.now); next = next.Add(200 * time.Millisecond) {
+			if next.Sub(start) >= 200*time.Millisecond {
+				src.read(next, map[int32]uint32{7: uint32(math.Round(100 * busy(next.Add(-200*time.Millisecond), next) / 0.2))})
+			}
+		}
+		u, err := s.Utilization(0)
+		switch {
+		case err != nil && !from.IsZero():
+			t.Fatalf("at %s: %v", clock.now.Sub(start), err)
+		case err != nil:
+			continue
+		case from.IsZero():
+			from = src.through
+			continue
+		}
+		charged += u[7] / 100 * clock.now.Sub(prev).Seconds()
+	}
+	return charged, busy(from, src.through)
+}
+
 // Each NVML sample is charged once, for the time it covers, whatever the
 // steps' times. A pod holding the token 100 ms a second, steps at the
 // runs' ends (100 ms, then 150 ms runs), NVML sampling every 200 ms: the
@@ -307,33 +369,81 @@ func TestSampledChargesEachSampleOnce(t *testing.T) {
 		}
 		return n
 	}
+	var steps []time.Duration
+	for range 10 {
+		for _, run := range []time.Duration{100, 150, 150, 150, 150, 150, 150} {
+			steps = append(steps, run*time.Millisecond)
+		}
+	}
 	for _, phase := range []time.Duration{0, 50 * time.Millisecond, 100 * time.Millisecond, 150 * time.Millisecond} {
-		clock := &fastClock{now: start, end: start.Add(time.Hour), cancel: func() {}}
-		at, pct := start, uint32(0)
-		s := &sampled{clock: clock, maxAge: 2 * time.Second, last: map[int]sampledAt{},
-			f: func(int) (map[int32]uint32, time.Time, error) { return map[int32]uint32{7: pct}, at, nil }}
-		next := start.Add(phase)
-		got := 0.0
-		for range 10 {
-			for _, run := range []time.Duration{100, 150, 150, 150, 150, 150, 150} {
-				prev := clock.now
-				clock.now = clock.now.Add(run * time.Millisecond)
-				for ; !next.After(clock.now); next = next.Add(200 * time.Millisecond) {
-					if next.Sub(start) >= 200*time.Millisecond {
-						at, pct = next, uint32(math.Round(100*busy(next.Add(-200*time.Millisecond), next)/0.2))
-					}
-				}
-				u, err := s.Utilization(0)
-				if err != nil {
-					t.Fatal(err)
-				}
-				got += u[7] / 100 * clock.now.Sub(prev).Seconds()
+		got, want := chargeSampled(t, phase, steps, busy)
+		if math.Abs(got-want) > 0.02 {
+			t.Errorf("samples at phase %s: charged %.3f s of GPU, it used %.3f s", phase, got, want)
+		}
+	}
+}
+
+// Two samples arriving between two steps (a Step late under CPU load:
+// 50–100 ms, up to one more run) are both charged, each for its own time.
+// A pod busy for the first 200 ms of each 400, NVML read every 200 ms,
+// steps every 400 ms: keeping only the last sample, each step saw only
+// the busy one or only the idle one, by phase, and charged the pod 0 or
+// twice its use.
+func TestSampledChargesSamplesBetweenLateSteps(t *testing.T) {
+	start := time.Unix(1000, 0)
+	busy := func(from, to time.Time) float64 {
+		n := 0.0
+		for x := from; x.Before(to); x = x.Add(time.Millisecond) {
+			if x.Sub(start)%(400*time.Millisecond) < 200*time.Millisecond {
+				n += 0.001
 			}
 		}
-		// The last run's sample comes after the end: up to 100 ms short.
-		if want := busy(start, clock.now); got < want-0.15 || got > want+0.05 {
-			t.Errorf("samples at phase %s: charged %.2f s of GPU, it used %.2f s", phase, got, want)
+		return n
+	}
+	steps := slices.Repeat([]time.Duration{400 * time.Millisecond}, 25)
+	// Late and uneven: 100 ms runs with a step late by up to 230 ms.
+	uneven := slices.Repeat([]time.Duration{100 * time.Millisecond, 330 * time.Millisecond, 100 * time.Millisecond, 250 * time.Millisecond}, 13)
+	for _, phase := range []time.Duration{0, 50 * time.Millisecond, 100 * time.Millisecond, 150 * time.Millisecond} {
+		for name, st := range map[string][]time.Duration{"400 ms": steps, "uneven": uneven} {
+			got, want := chargeSampled(t, phase, st, busy)
+			if want < 3 || math.Abs(got-want) > 0.02 {
+				t.Errorf("steps %s, samples at phase %s: charged %.3f s of GPU, it used %.3f s", name, phase, got, want)
+			}
 		}
+	}
+}
+
+// A gap in the samples (a new from) or a step after more than maxAge is
+// where counting starts again: no measurement, not the gap's use charged
+// to one step.
+func TestSampledStartsAgainAfterAGap(t *testing.T) {
+	start := time.Unix(1000, 0)
+	clock := &fastClock{now: start, end: start.Add(time.Hour), cancel: func() {}}
+	src := &sums{}
+	s := &sampled{clock: clock, maxAge: 2 * time.Second, last: map[int]sampledAt{}, f: src.get}
+	step := func(d time.Duration, pct uint32) (map[int]float64, error) {
+		clock.now = clock.now.Add(d)
+		src.read(clock.now, map[int32]uint32{7: pct})
+		return s.Utilization(0)
+	}
+	step(200*time.Millisecond, 50)
+	if _, err := step(200*time.Millisecond, 50); err == nil {
+		t.Fatal("the first call is measured")
+	}
+	if u, err := step(200*time.Millisecond, 50); err != nil || math.Abs(u[7]-50) > 0.01 {
+		t.Fatalf("a step of one 50 %% sample: %v, %v", u, err)
+	}
+	*src = sums{} // the sums start again (a gap in the samples)
+	step(100*time.Millisecond, 100)
+	if u, err := step(100*time.Millisecond, 100); err == nil {
+		t.Errorf("the first step of new sums is measured: %v", u)
+	}
+	if u, err := step(200*time.Millisecond, 100); err != nil || math.Abs(u[7]-100) > 0.01 {
+		t.Errorf("a step of one 100 %% sample: %v, %v", u, err)
+	}
+	src.read(clock.now.Add(2500*time.Millisecond), map[int32]uint32{7: 100}) // 2.5 s at 100 %
+	if u, err := step(3*time.Second, 100); err == nil {
+		t.Errorf("a step 3 s after the last is measured: %v", u)
 	}
 }
 

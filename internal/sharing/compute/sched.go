@@ -56,8 +56,9 @@ func (s Settings) measureLag() time.Duration { return 200*time.Millisecond + s.r
 // and at most one freeze and one thaw: with 20 ms slices and targets
 // 10/20/30/40 the token moved almost every slice (~50 wake-ups and ~57
 // freezer writes a second); in turns of runs it moves four times a
-// Period. Under NVML's sample period (200 ms): a Step then sees every
-// sample (gpumon keeps only the last one).
+// Period. Under NVML's sample period (200 ms): a sample's use reaches
+// the scheduler within a run (gpumon sums the samples, so that one
+// arriving beside another before a late Step is not lost: sampled).
 func (s Settings) runCap() time.Duration {
 	return max(s.Slice, min(150*time.Millisecond, s.Period/5))
 }
