@@ -177,9 +177,8 @@ func (c *Controller) Scheduling(gpu int) bool {
 	if c == nil {
 		return false
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.members[gpu]) > 0
+	st := c.shown.Load()
+	return st != nil && st.scheduling[gpu]
 }
 
 // Controller runs a Sched per shared GPU with compute targets and freezes
@@ -196,8 +195,11 @@ type Controller struct {
 	// refresh) and before each freeze, not every tick.
 	others map[Cgroup]bool
 	// preempted: cgroup directories the preemption executor holds
-	// (Preempt): never frozen or thawed by the scheduler.
+	// (Preempt): never frozen or thawed by the scheduler. Written under
+	// mu and pmu, read under either: a tick's thaws after a settle hold
+	// only pmu (settleThenThaw).
 	preempted map[string]bool
+	pmu       sync.Mutex
 	managed   []Cgroup // journaled
 	// located: each member's cgroup by its first process and workload
 	// cgroup, found again once a relocate (reading /proc and the cgroup
@@ -205,6 +207,18 @@ type Controller struct {
 	located map[locKey]located
 	guard   *guard // started before the first freeze (GuardExe)
 	ops     atomic.Uint64
+	// shown is the scheduling as Snapshot and Scheduling read it, made
+	// at each step and refresh: readers on normal-priority goroutines
+	// (the state file's writer, the gate, the utilization sampler) never
+	// take mu, so the raised thread never waits for one of them that
+	// the node's CPU load keeps from running while it holds mu.
+	shown atomic.Pointer[shownState]
+}
+
+// shownState is the scheduling as last published (Controller.shown).
+type shownState struct {
+	gpus       []GPUStatus
+	scheduling map[int]bool
 }
 
 // New builds a Controller; Run starts it.
@@ -258,6 +272,10 @@ func (c *Controller) Run(ctx context.Context) {
 		if due.Before(next) {
 			next = due
 		}
+		// For next−now from the step's end, not until next: the next
+		// holder was thawed at the step's end, once the last was frozen
+		// (settleThenThaw: ms on a busy node), and its run is timed from
+		// its thaw.
 		if !wait(max(next.Sub(now), time.Millisecond)) {
 			return
 		}
@@ -322,6 +340,7 @@ func (c *Controller) refresh(now time.Time) {
 			c.scheds[gpu] = NewSched(c.cfg.Settings)
 		}
 	}
+	c.publish()
 }
 
 func (c *Controller) membersOf(now time.Time, kept map[locKey]located, shares []sharing.Share, holders []occupancy.HolderView) []member {
@@ -432,16 +451,18 @@ func (c *Controller) tick(now time.Time) {
 		}
 	}
 	if len(freezing) > 0 && len(thawing) > 0 {
-		c.settle(freezing)
-	}
-	for _, cg := range thawing {
-		c.set(cg, false)
+		c.settleThenThaw(freezing, thawing)
+	} else {
+		for _, cg := range thawing {
+			c.set(cg, false)
+		}
 	}
 	for cg := range c.frozen {
 		if _, ok := want[cg]; !ok {
 			c.set(cg, false) // no longer scheduled
 		}
 	}
+	c.publish()
 }
 
 // frozenWaiter is a Freezer that can wait for a freeze it started to
@@ -450,29 +471,52 @@ type frozenWaiter interface {
 	WaitFrozen(c Cgroup, deadline time.Time) (bool, error)
 }
 
-// settle waits, for at most a runCap and without the lock, until the
-// cgroups just frozen are frozen, before the next holder is thawed. A
-// spinning task freezes when it is next scheduled: on an idle node at
-// once, but with every CPU busy (a training job's data loaders) it first
-// waits for a CPU. With four spinning loops a CPU on 2 CPUs half the
-// freezes outlasted Set's 5 ms wait (settle then waited up to 18 ms
-// more); the next holder, thawed at once, ran beside the old one, which
-// the GPU counted busy until it froze, and a 20 % pod frozen twice a
-// second had up to 50 % of a second (TestComputeShareTargetsHeld). The
-// lock is let go so that a preemption (Preempt) is not held up; set reads
-// c.preempted again before each thaw. Past the bound (a task in an
-// uninterruptible sleep), the next holder runs beside it.
-func (c *Controller) settle(cgs []Cgroup) {
+// settleThenThaw waits, for at most a runCap and without mu, until the
+// cgroups just frozen are frozen, then thaws the next holders, before it
+// takes mu again. A spinning task freezes when it is next scheduled: on
+// an idle node at once, but with every CPU busy (a training job's data
+// loaders) it first waits for a CPU. With four spinning loops a CPU on 2
+// CPUs half the freezes outlasted Set's 5 ms wait (the settle then
+// waited up to 18 ms more); the next holder, thawed at once, ran beside
+// the old one, which the GPU counted busy until it froze, and a 20 % pod
+// frozen twice a second had up to 50 % of a second
+// (TestComputeShareTargetsHeld). mu is let go so that a preemption
+// (Preempt) is not held up; and the thaws are written before mu is taken
+// again, under pmu alone (which only Preempt and Unpreempt take besides),
+// so that no goroutine holding mu on a normal-priority thread, descheduled
+// by the node's load, stands between the freeze and the thaw, when
+// neither pod runs. A thaw of a cgroup handed to the executor meanwhile
+// is not written. Past the bound (a task in an uninterruptible sleep),
+// the next holder runs beside it.
+func (c *Controller) settleThenThaw(freezing, thawing []Cgroup) {
 	w, ok := c.cfg.Freezer.(frozenWaiter)
-	if !ok {
-		return
-	}
 	c.mu.Unlock()
-	defer c.mu.Lock()
-	deadline := c.cfg.Clock.Now().Add(c.cfg.runCap())
-	for _, cg := range cgs {
-		if done, err := w.WaitFrozen(cg, deadline); err != nil || !done {
-			c.cfg.Log.Debug("compute scheduler: a freeze did not complete; thawing the next holder beside it", "cgroup", cg.Path, "error", err)
+	if ok {
+		deadline := c.cfg.Clock.Now().Add(c.cfg.runCap())
+		for _, cg := range freezing {
+			if done, err := w.WaitFrozen(cg, deadline); err != nil || !done {
+				c.cfg.Log.Debug("compute scheduler: a freeze did not complete; thawing the next holder beside it", "cgroup", cg.Path, "error", err)
+			}
+		}
+	}
+	thawed := make([]bool, len(thawing))
+	c.pmu.Lock()
+	for i, cg := range thawing {
+		if c.preempted[cg.Path] {
+			continue // the executor's now (Preempt took it out of frozen)
+		}
+		c.ops.Add(1)
+		if err := c.cfg.Freezer.Set(cg, false); err != nil {
+			c.cfg.Log.Debug("compute scheduler: freezer write failed", "cgroup", cg.Path, "frozen", false, "error", err)
+			continue // still ours to thaw next tick
+		}
+		thawed[i] = true
+	}
+	c.pmu.Unlock()
+	c.mu.Lock()
+	for i, cg := range thawing {
+		if thawed[i] {
+			delete(c.frozen, cg)
 		}
 	}
 }
@@ -561,12 +605,17 @@ func (c *Controller) Preempt(path string) (throttled bool) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.pmu.Lock()
 	c.preempted[path] = true
+	c.pmu.Unlock()
 	for cg := range c.frozen {
 		if cg.Path == path {
 			delete(c.frozen, cg)
 			throttled = true
 		}
+	}
+	if throttled {
+		c.publish()
 	}
 	// Out of the journal before the executor freezes or journals it: the
 	// thaw guard, or the next gpud, must not undo the preemption.
@@ -588,7 +637,9 @@ func (c *Controller) Unpreempt(path string) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.pmu.Lock()
 	delete(c.preempted, path)
+	c.pmu.Unlock()
 }
 
 // stop thaws every cgroup the scheduler froze and removes the journal.
@@ -606,6 +657,7 @@ func (c *Controller) stop() {
 	c.guard.close() // nothing journaled: it thaws nothing; else what stayed frozen
 	c.guard = nil
 	c.members = map[int][]member{}
+	c.publish()
 	if fz, ok := c.cfg.Freezer.(*fdFreezer); ok {
 		fz.Close() // its cgroups' files (a later Run opens them again)
 	}
@@ -627,13 +679,30 @@ type PodShare struct {
 }
 
 // Snapshot is every shared GPU's pods: target, measured share, throttled
-// time and state; ordered by GPU. Nil for a nil Controller.
+// time and state; ordered by GPU, as of the last step (shared by every
+// caller: not to be modified). Nil for a nil Controller.
 func (c *Controller) Snapshot() []GPUStatus {
 	if c == nil {
 		return nil
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	st := c.shown.Load()
+	if st == nil {
+		return nil
+	}
+	return st.gpus
+}
+
+// publish makes the scheduling now what Snapshot and Scheduling read.
+// Under mu.
+func (c *Controller) publish() {
+	st := &shownState{gpus: c.snapshotLocked(), scheduling: make(map[int]bool, len(c.members))}
+	for gpu, ms := range c.members {
+		st.scheduling[gpu] = len(ms) > 0
+	}
+	c.shown.Store(st)
+}
+
+func (c *Controller) snapshotLocked() []GPUStatus {
 	var out []GPUStatus
 	for _, gpu := range slices.Sorted(maps.Keys(c.scheds)) {
 		g := GPUStatus{GPU: gpu}

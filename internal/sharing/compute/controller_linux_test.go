@@ -508,3 +508,93 @@ func TestControllerThawsNextHolderOncePreviousFrozen(t *testing.T) {
 		t.Errorf("%d of %d token moves thawed the next holder beside one still freezing (%d waits)", fz.beside, moves, fz.waits)
 	}
 }
+
+// heldFreezer is a slowFreezer whose freeze completes while another
+// goroutine holds the controller's lock (a state-file write on a thread
+// the node's load deschedules): the next holder must be thawed without
+// waiting for it. With preempt, the cgroup about to be thawed is handed to
+// the executor while the freeze is waited for: it must not be thawed.
+type heldFreezer struct {
+	*slowFreezer
+	preempt  bool
+	release  chan struct{}
+	held     int // thaws written while the lock was held elsewhere
+	timedOut int // the lock's holder gave up: the thaw waited for it
+	handed   []Cgroup
+}
+
+func (f *heldFreezer) WaitFrozen(c Cgroup, deadline time.Time) (bool, error) {
+	if f.preempt {
+		for cg, fz := range f.frozen {
+			if fz && !f.freezing[cg] && cg != c {
+				f.c.Preempt(cg.Path) // the cgroup to be thawed next
+				f.handed = append(f.handed, cg)
+			}
+		}
+		return f.slowFreezer.WaitFrozen(c, deadline)
+	}
+	locked := make(chan struct{})
+	f.release = make(chan struct{})
+	go func(release chan struct{}) {
+		f.c.mu.Lock()
+		close(locked)
+		select {
+		case <-release:
+		case <-time.After(2 * time.Second):
+			f.timedOut++
+		}
+		f.c.mu.Unlock()
+	}(f.release)
+	<-locked
+	f.waits++
+	delete(f.freezing, c)
+	return true, nil
+}
+
+func (f *heldFreezer) Set(c Cgroup, frozen bool) error {
+	if !frozen && f.release != nil {
+		close(f.release)
+		f.release = nil
+		f.held++
+	}
+	return f.slowFreezer.Set(c, frozen)
+}
+
+// Between a freeze's completion and the next holder's thaw neither pod
+// runs: nothing there waits for the controller's lock, and a cgroup handed
+// to the preemption executor meanwhile is left frozen.
+func TestControllerThawsWithoutWaitingForItsLock(t *testing.T) {
+	for _, preempt := range []bool{false, true} {
+		c, rec, _ := newTestController(t, 50, 50)
+		fz := &heldFreezer{slowFreezer: &slowFreezer{recFreezer: rec, c: c, freezing: map[Cgroup]bool{}}, preempt: preempt}
+		c.cfg.Freezer = fz
+		now := time.Unix(1000, 0)
+		c.refresh(now)
+		for range 100 {
+			c.tick(now)
+			clear(fz.freezing)
+			now = now.Add(20 * time.Millisecond)
+			if len(fz.handed) > 0 {
+				break
+			}
+		}
+		if preempt {
+			if len(fz.handed) == 0 {
+				t.Fatal("no token move with a holder to thaw")
+			}
+			for range 50 {
+				c.tick(now)
+				now = now.Add(20 * time.Millisecond)
+			}
+			for _, cg := range fz.handed {
+				if !fz.frozen[cg] {
+					t.Errorf("%s, handed to the executor while a freeze was waited for, was thawed", cg.Path)
+				}
+			}
+			continue
+		}
+		if fz.waits == 0 || fz.held != fz.waits || fz.timedOut > 0 {
+			t.Errorf("%d freezes waited for, %d next holders thawed while the lock was held elsewhere, %d thaws waited for the lock", fz.waits, fz.held, fz.timedOut)
+		}
+	}
+}
