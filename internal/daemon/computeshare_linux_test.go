@@ -3,11 +3,16 @@
 package daemon_test
 
 import (
+	"fmt"
 	"math"
+	"os"
+	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/gpud/gpud/internal/cgroups"
 	"github.com/gpud/gpud/internal/occupancy"
 	"github.com/gpud/gpud/internal/sharing"
 	"github.com/gpud/gpud/internal/testutil"
@@ -70,6 +75,11 @@ func shares(t *testing.T, pods []*computePod, n int, w time.Duration) [][]float6
 func checkShares(t *testing.T, pods []*computePod, want []float64, n int) {
 	t.Helper()
 	rows := shares(t, pods, n, time.Second)
+	defer func() {
+		if t.Failed() {
+			logFreezers(t, pods)
+		}
+	}()
 	mean := make([]float64, len(pods))
 	for w, row := range rows {
 		for i, x := range row {
@@ -92,6 +102,14 @@ func computeEnv(t *testing.T) (*env, *testutil.NVMLDouble, *sharing.Book) {
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("compute scheduler: %+v", e.d.ComputeSnapshot())
+			// The scheduler's own account of what it could not do (a
+			// freezer write failed, a freeze not complete, a pod without
+			// a freezer), at debug level in gpud's log.
+			for _, line := range strings.Split(e.logs.String(), "\n") {
+				if strings.Contains(line, "compute") || strings.Contains(line, "freez") {
+					t.Log(line)
+				}
+			}
 		}
 	})
 	return e, double, book
@@ -138,6 +156,35 @@ func TestComputeShareHardCapAlone(t *testing.T) {
 	for w, row := range shares(t, []*computePod{p}, 8, time.Second) {
 		if row[0] > 35 {
 			t.Errorf("second %d: the capped pod has %.1f%% of the GPU, over its cap 30 + 5", w, row[0])
+		}
+	}
+}
+
+// logFreezers logs, for a failed check, where each pod's process is and
+// what its cgroup and the pod's freezers say now: a process running while
+// the scheduler holds it frozen has either left the frozen cgroup or was
+// never frozen.
+func logFreezers(t *testing.T, pods []*computePod) {
+	t.Helper()
+	root, _, err := cgroups.V2Root()
+	if err != nil {
+		t.Log(err)
+		return
+	}
+	for _, p := range pods {
+		cg, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", p.work.PID))
+		stat, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.work.PID))
+		t.Logf("%s: pid %d stat %q cgroup %q", p.name, p.work.PID, strings.TrimSpace(string(stat)), strings.TrimSpace(string(cg)))
+		for _, line := range strings.Split(string(cg), "\n") {
+			rel, ok := strings.CutPrefix(line, "0::")
+			if !ok {
+				continue
+			}
+			for dir := filepath.Join(root, rel); strings.Contains(dir, "kubepods"); dir = filepath.Dir(dir) {
+				freeze, _ := os.ReadFile(filepath.Join(dir, "cgroup.freeze"))
+				events, _ := os.ReadFile(filepath.Join(dir, "cgroup.events"))
+				t.Logf("  %s: cgroup.freeze %q cgroup.events %q", dir, strings.TrimSpace(string(freeze)), strings.TrimSpace(string(events)))
+			}
 		}
 	}
 }

@@ -195,11 +195,8 @@ type Controller struct {
 	// refresh) and before each freeze, not every tick.
 	others map[Cgroup]bool
 	// preempted: cgroup directories the preemption executor holds
-	// (Preempt): never frozen or thawed by the scheduler. Written under
-	// mu and pmu, read under either: a tick's thaws after a settle hold
-	// only pmu (settleThenThaw).
+	// (Preempt): never frozen or thawed by the scheduler.
 	preempted map[string]bool
-	pmu       sync.Mutex
 	managed   []Cgroup // journaled
 	// located: each member's cgroup by its first process and workload
 	// cgroup, found again once a relocate (reading /proc and the cgroup
@@ -207,6 +204,9 @@ type Controller struct {
 	located map[locKey]located
 	guard   *guard // started before the first freeze (GuardExe)
 	ops     atomic.Uint64
+	// thawedByOther counts the cgroups found thawed while the scheduler
+	// held them frozen (checkFrozen).
+	thawedByOther atomic.Uint64
 	// shown is the scheduling as Snapshot and Scheduling read it, made
 	// at each step and refresh: readers on normal-priority goroutines
 	// (the state file's writer, the gate, the utilization sampler) never
@@ -274,7 +274,7 @@ func (c *Controller) Run(ctx context.Context) {
 		}
 		// For next−now from the step's end, not until next: the next
 		// holder was thawed at the step's end, once the last was frozen
-		// (settleThenThaw: ms on a busy node), and its run is timed from
+		// (settle: ms on a busy node), and its run is timed from
 		// its thaw.
 		if !wait(max(next.Sub(now), time.Millisecond)) {
 			return
@@ -322,6 +322,7 @@ func (c *Controller) refresh(now time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.members = members
+	c.checkFrozen()
 	clear(c.others)
 	for _, ms := range members {
 		for _, m := range ms {
@@ -451,11 +452,10 @@ func (c *Controller) tick(now time.Time) {
 		}
 	}
 	if len(freezing) > 0 && len(thawing) > 0 {
-		c.settleThenThaw(freezing, thawing)
-	} else {
-		for _, cg := range thawing {
-			c.set(cg, false)
-		}
+		c.settle(freezing)
+	}
+	for _, cg := range thawing {
+		c.set(cg, false)
 	}
 	for cg := range c.frozen {
 		if _, ok := want[cg]; !ok {
@@ -471,52 +471,52 @@ type frozenWaiter interface {
 	WaitFrozen(c Cgroup, deadline time.Time) (bool, error)
 }
 
-// settleThenThaw waits, for at most a runCap and without mu, until the
-// cgroups just frozen are frozen, then thaws the next holders, before it
-// takes mu again. A spinning task freezes when it is next scheduled: on
-// an idle node at once, but with every CPU busy (a training job's data
-// loaders) it first waits for a CPU. With four spinning loops a CPU on 2
-// CPUs half the freezes outlasted Set's 5 ms wait (the settle then
-// waited up to 18 ms more); the next holder, thawed at once, ran beside
-// the old one, which the GPU counted busy until it froze, and a 20 % pod
-// frozen twice a second had up to 50 % of a second
-// (TestComputeShareTargetsHeld). mu is let go so that a preemption
-// (Preempt) is not held up; and the thaws are written before mu is taken
-// again, under pmu alone (which only Preempt and Unpreempt take besides),
-// so that no goroutine holding mu on a normal-priority thread, descheduled
-// by the node's load, stands between the freeze and the thaw, when
-// neither pod runs. A thaw of a cgroup handed to the executor meanwhile
-// is not written. Past the bound (a task in an uninterruptible sleep),
-// the next holder runs beside it.
-func (c *Controller) settleThenThaw(freezing, thawing []Cgroup) {
+// settle waits, for at most a runCap and without the lock, until the
+// cgroups just frozen are frozen, before the next holder is thawed. A
+// spinning task freezes when it is next scheduled: on an idle node at
+// once, but with every CPU busy (a training job's data loaders) it first
+// waits for a CPU. With four spinning loops a CPU on 2 CPUs half the
+// freezes outlasted Set's 5 ms wait (settle then waited up to 18 ms
+// more); the next holder, thawed at once, ran beside the old one, which
+// the GPU counted busy until it froze, and a 20 % pod frozen twice a
+// second had up to 50 % of a second (TestComputeShareTargetsHeld). The
+// lock is let go so that a preemption (Preempt) is not held up; set reads
+// c.preempted again before each thaw. Taking it back waits only for a
+// preemption's hand-over: the readers on normal-priority goroutines (the
+// state file's writer, the gate, the utilization sampler) read the
+// published copy (shown), so none of them, kept off a CPU by the node's
+// load while it held the lock, stands between the freeze and the thaw,
+// when neither pod runs. Past the bound (a task in an uninterruptible
+// sleep), the next holder runs beside it.
+func (c *Controller) settle(cgs []Cgroup) {
 	w, ok := c.cfg.Freezer.(frozenWaiter)
+	if !ok {
+		return
+	}
 	c.mu.Unlock()
-	if ok {
-		deadline := c.cfg.Clock.Now().Add(c.cfg.runCap())
-		for _, cg := range freezing {
-			if done, err := w.WaitFrozen(cg, deadline); err != nil || !done {
-				c.cfg.Log.Debug("compute scheduler: a freeze did not complete; thawing the next holder beside it", "cgroup", cg.Path, "error", err)
-			}
+	defer c.mu.Lock()
+	deadline := c.cfg.Clock.Now().Add(c.cfg.runCap())
+	for _, cg := range cgs {
+		if done, err := w.WaitFrozen(cg, deadline); err != nil || !done {
+			c.cfg.Log.Debug("compute scheduler: a freeze did not complete; thawing the next holder beside it", "cgroup", cg.Path, "error", err)
 		}
 	}
-	thawed := make([]bool, len(thawing))
-	c.pmu.Lock()
-	for i, cg := range thawing {
+}
+
+// checkFrozen reads, once a Period, whether each cgroup the scheduler
+// holds frozen still is: one thawed by someone else (a `docker unpause`, a
+// tool, a freeze lost) is frozen again at the next step rather than left
+// to run until its next turn, and said. Under mu.
+func (c *Controller) checkFrozen() {
+	for cg := range c.frozen {
 		if c.preempted[cg.Path] {
-			continue // the executor's now (Preempt took it out of frozen)
+			continue
 		}
-		c.ops.Add(1)
-		if err := c.cfg.Freezer.Set(cg, false); err != nil {
-			c.cfg.Log.Debug("compute scheduler: freezer write failed", "cgroup", cg.Path, "frozen", false, "error", err)
-			continue // still ours to thaw next tick
-		}
-		thawed[i] = true
-	}
-	c.pmu.Unlock()
-	c.mu.Lock()
-	for i, cg := range thawing {
-		if thawed[i] {
+		if p, err := c.cfg.Freezer.Paused(cg); err == nil && !p {
 			delete(c.frozen, cg)
+			if n := c.thawedByOther.Add(1); n == 1 || n%100 == 0 {
+				c.cfg.Log.Warn("compute scheduler: a cgroup it froze was found thawed; freezing it again", "cgroup", cg.Path, "times", n)
+			}
 		}
 	}
 }
@@ -605,9 +605,7 @@ func (c *Controller) Preempt(path string) (throttled bool) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.pmu.Lock()
 	c.preempted[path] = true
-	c.pmu.Unlock()
 	for cg := range c.frozen {
 		if cg.Path == path {
 			delete(c.frozen, cg)
@@ -637,9 +635,7 @@ func (c *Controller) Unpreempt(path string) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.pmu.Lock()
 	delete(c.preempted, path)
-	c.pmu.Unlock()
 }
 
 // stop thaws every cgroup the scheduler froze and removes the journal.

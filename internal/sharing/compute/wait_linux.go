@@ -26,7 +26,7 @@ import (
 // while the thread sleeps (a raw one would hold it, and the garbage
 // collector's stop-the-world with it, for the whole wait). The step's
 // work then runs on the raised thread too, and the freezes' wait
-// (settleThenThaw: ppoll on cgroup.events) is woken by the kernel in the same
+// (settle: ppoll on cgroup.events) is woken by the kernel in the same
 // way; its CPU time is the Thread's to bound (kill.EventThread: a budget
 // a window, then normal priority until the window ends).
 
