@@ -48,33 +48,62 @@ func (e *env) computePod(double *testutil.NVMLDouble, book *sharing.Book, name s
 // shares measures each pod's share of the GPU (percent of wall time it
 // ran or waited to run) over n windows of w.
 func shares(t *testing.T, pods []*computePod, n int, w time.Duration) [][]float64 {
+	rows, _ := sharesAt(t, pods, n, w)
+	return rows
+}
+
+// busyEvery is how often sharesAt reads the pods' busy time.
+const busyEvery = 20 * time.Millisecond
+
+// sharesAt is shares with the times the windows end, after the first's
+// start. It reads each pod's busy time every busyEvery and counts at most
+// the wall time since the last read: a thread cannot run or wait to run
+// longer than that, but Linux 6.18 sometimes charges a task its whole
+// frozen time as time waiting to run at its first run after a thaw (a pod
+// frozen 0.9 s, 0 % busy at each read, then 911 ms more at once, read 50
+// ms after its thaw): read once a second, a 10 % pod showed 99.7 %.
+func sharesAt(t *testing.T, pods []*computePod, n int, w time.Duration) (out [][]float64, ends []time.Time) {
 	t.Helper()
-	var out [][]float64
 	prev := make([]int64, len(pods))
 	for i, p := range pods {
 		prev[i] = busyNS(t, p.work.PID)
 	}
-	at := time.Now()
-	for range n {
-		time.Sleep(w)
+	start := time.Now()
+	at, last := start, start
+	ends = append(ends, at)
+	acc := make([]int64, len(pods))
+	for len(out) < n {
+		end := start.Add(time.Duration(len(out)+1) * w)
+		time.Sleep(min(busyEvery, max(time.Until(end), 0)))
 		now := time.Now()
-		row := make([]float64, len(pods))
 		for i, p := range pods {
 			b := busyNS(t, p.work.PID)
-			row[i] = 100 * float64(b-prev[i]) / float64(now.Sub(at).Nanoseconds())
+			acc[i] += min(b-prev[i], now.Sub(last).Nanoseconds())
 			prev[i] = b
+		}
+		last = now
+		if now.Before(end) {
+			continue
+		}
+		row := make([]float64, len(pods))
+		for i := range pods {
+			row[i] = 100 * float64(acc[i]) / float64(now.Sub(at).Nanoseconds())
+			acc[i] = 0
 		}
 		at = now
 		out = append(out, row)
+		ends = append(ends, now)
 	}
-	return out
+	return out, ends
 }
 
 // checkShares asserts n one-second windows within ±5 points of want and
 // their mean within ±3.
-func checkShares(t *testing.T, pods []*computePod, want []float64, n int) {
+func checkShares(t *testing.T, e *env, pods []*computePod, want []float64, n int) {
 	t.Helper()
-	rows := shares(t, pods, n, time.Second)
+	tr := startTrace(t, e, pods)
+	rows, ends := sharesAt(t, pods, n, time.Second)
+	tr.stop()
 	defer func() {
 		if t.Failed() {
 			logFreezers(t, pods)
@@ -86,6 +115,7 @@ func checkShares(t *testing.T, pods []*computePod, want []float64, n int) {
 			mean[i] += x / float64(len(rows))
 			if math.Abs(x-want[i]) > 5 {
 				t.Errorf("second %d: %s has %.1f%% of the GPU, want %.0f±5 (all %v)", w, pods[i].name, x, want[i], rows)
+				tr.log(t, ends[w], ends[w+1])
 			}
 		}
 	}
@@ -126,7 +156,7 @@ func TestComputeShareTargetsHeld(t *testing.T) {
 		a := e.computePod(double, book, "a", 10, false)
 		b := e.computePod(double, book, "b", 90, false)
 		time.Sleep(5 * time.Second)
-		checkShares(t, []*computePod{a, b}, []float64{10, 90}, 10)
+		checkShares(t, e, []*computePod{a, b}, []float64{10, 90}, 10)
 	})
 	t.Run("20/30/50 and idle", func(t *testing.T) {
 		e, double, book := computeEnv(t)
@@ -135,14 +165,14 @@ func TestComputeShareTargetsHeld(t *testing.T) {
 		c := e.computePod(double, book, "c", 50, false)
 		pods := []*computePod{a, b, c}
 		time.Sleep(5 * time.Second)
-		checkShares(t, pods, []float64{20, 30, 50}, 10)
+		checkShares(t, e, pods, []float64{20, 30, 50}, 10)
 		// c stops (SIGSTOP: no work, as a pod waiting for requests):
 		// within 2 s a and b share the GPU 40/60.
 		if err := syscall.Kill(c.work.PID, syscall.SIGSTOP); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(2 * time.Second)
-		checkShares(t, pods, []float64{40, 60, 0}, 5)
+		checkShares(t, e, pods, []float64{40, 60, 0}, 5)
 		syscall.Kill(c.work.PID, syscall.SIGCONT)
 	})
 }
@@ -156,6 +186,82 @@ func TestComputeShareHardCapAlone(t *testing.T) {
 	for w, row := range shares(t, []*computePod{p}, 8, time.Second) {
 		if row[0] > 35 {
 			t.Errorf("second %d: the capped pod has %.1f%% of the GPU, over its cap 30 + 5", w, row[0])
+		}
+	}
+}
+
+// trace samples, every 50 ms while shares are measured, each pod's busy
+// time, the scheduler's state of it, and its pod cgroup's freezer (the
+// request and whether it is frozen): logged for a second that failed, so
+// that a pod busy while the scheduler holds it frozen says which of them
+// disagreed.
+type trace struct {
+	stopc chan struct{}
+	done  chan struct{}
+	rows  []string
+	ats   []time.Time
+}
+
+func startTrace(t *testing.T, e *env, pods []*computePod) *trace {
+	root, _, _ := cgroups.V2Root()
+	dirs := make([]string, len(pods))
+	for i, p := range pods {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", p.work.PID))
+		for _, line := range strings.Split(string(b), "\n") {
+			if rel, ok := strings.CutPrefix(line, "0::"); ok {
+				dirs[i] = filepath.Dir(filepath.Join(root, rel)) // the pod's
+			}
+		}
+	}
+	tr := &trace{stopc: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(tr.done)
+		prev := make([]int64, len(pods))
+		last := time.Now()
+		for {
+			now := time.Now()
+			var b strings.Builder
+			fmt.Fprintf(&b, "%s", now.Format("05.000"))
+			snap := e.d.ComputeSnapshot()
+			for i, p := range pods {
+				busy, _ := testutil.BusyNS(p.work.PID)
+				state := "?"
+				for _, g := range snap {
+					for _, ps := range g.Pods {
+						if ps.UID == p.uid {
+							state = fmt.Sprintf("%s/frozen=%v", ps.State, ps.Frozen)
+						}
+					}
+				}
+				freeze, _ := os.ReadFile(filepath.Join(dirs[i], "cgroup.freeze"))
+				events, _ := os.ReadFile(filepath.Join(dirs[i], "cgroup.events"))
+				fmt.Fprintf(&b, " | %s busy %3.0f%% %s freeze=%s %s", p.name, 100*float64(busy-prev[i])/float64(now.Sub(last)), state,
+					strings.TrimSpace(string(freeze)), strings.ReplaceAll(strings.TrimSpace(string(events)), "\n", ","))
+				prev[i] = busy
+			}
+			last = now
+			tr.rows, tr.ats = append(tr.rows, b.String()), append(tr.ats, now)
+			select {
+			case <-tr.stopc:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}()
+	return tr
+}
+
+func (tr *trace) stop() {
+	close(tr.stopc)
+	<-tr.done
+}
+
+// log logs the samples from `from` to `to`.
+func (tr *trace) log(t *testing.T, from, to time.Time) {
+	t.Helper()
+	for i, at := range tr.ats {
+		if !at.Before(from) && !at.After(to.Add(50*time.Millisecond)) {
+			t.Log(tr.rows[i])
 		}
 	}
 }

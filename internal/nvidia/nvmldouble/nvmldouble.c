@@ -814,7 +814,10 @@ static void sample_work(struct script *s, struct gpu *g) {
 			if (st->w[k].pid != p->pid)
 				continue;
 			double d = b > st->w[k].busy_ns ? (double)(b - st->w[k].busy_ns) / (double)elapsed : 0;
-			demand[nn] = d > 1 ? 1 : d; // several threads: still one context
+			// At most 100 %: several threads are still one context, and
+			// Linux 6.18 sometimes charges a task its whole frozen time as
+			// time waiting to run at its first run after a thaw.
+			demand[nn] = d > 1 ? 1 : d;
 			sum += demand[nn];
 		}
 		next[nn++] = (struct worker){.pid = p->pid, .busy_ns = b};
