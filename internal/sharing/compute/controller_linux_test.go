@@ -187,21 +187,7 @@ func TestControllerWithoutJournalFreezesNothing(t *testing.T) {
 // journal no longer lists it, and after Unpreempt it is scheduled again.
 func TestControllerNeverThawsAPreemptedCgroup(t *testing.T) {
 	c, fz, _ := newTestController(t, 50, 50)
-	now := time.Unix(1000, 0)
-	c.refresh(now)
-	var held Cgroup
-	for range 10 {
-		c.tick(now)
-		now = now.Add(20 * time.Millisecond)
-	}
-	for cg, f := range fz.frozen {
-		if f {
-			held = cg
-		}
-	}
-	if held.Path == "" {
-		t.Fatal("the scheduler froze no pod")
-	}
+	held, now := scheduledAndFrozen(t, c, fz)
 	if !c.Preempt(held.Path) {
 		t.Fatal("Preempt did not report the scheduler's freeze")
 	}
@@ -593,26 +579,28 @@ func TestControllerReadersDoNotTakeItsLock(t *testing.T) {
 	c.mu.Unlock()
 }
 
+// scheduledAndFrozen refreshes c and steps it for 10 slices from a fixed
+// time, and returns a cgroup it froze and the time after them.
+func scheduledAndFrozen(t *testing.T, c *Controller, fz *recFreezer) (Cgroup, time.Time) {
+	t.Helper()
+	now := time.Unix(1000, 0)
+	c.refresh(now)
+	now = tickFor(c, now, 10)
+	for cg, f := range fz.frozen {
+		if f {
+			return cg, now
+		}
+	}
+	t.Fatal("the scheduler froze no pod")
+	return Cgroup{}, now
+}
+
 // A cgroup the scheduler holds frozen and someone else thaws (docker
 // unpause, a tool, a lost freeze) is frozen again within a Period, not
 // left to run until its next turn.
 func TestControllerFreezesAgainWhatOthersThawed(t *testing.T) {
 	c, fz, _ := newTestController(t, 10, 90)
-	now := time.Unix(1000, 0)
-	c.refresh(now)
-	var held Cgroup
-	for range 10 {
-		c.tick(now)
-		now = now.Add(20 * time.Millisecond)
-	}
-	for cg, f := range fz.frozen {
-		if f {
-			held = cg
-		}
-	}
-	if held.Path == "" {
-		t.Fatal("the scheduler froze no pod")
-	}
+	held, now := scheduledAndFrozen(t, c, fz)
 	fz.frozen[held] = false // thawed behind the scheduler's back
 	c.refresh(now)
 	c.tick(now)
