@@ -55,6 +55,25 @@ func shares(t *testing.T, pods []*computePod, n int, w time.Duration) [][]float6
 // busyEvery is how often sharesAt reads the pods' busy time.
 const busyEvery = 20 * time.Millisecond
 
+// counted is what a read's increase d of a thread's busy time over wall
+// time el counts: d, unless it passes el by more than busySlack (the
+// kernel's charge of a frozen time at a thaw: then el). Within the slack,
+// d counts as read: a running task's run time reaches its counter in
+// lumps (at the scheduler's updates), so one read may pass the wall time
+// and the next fall short by as much; clipping each at el lost a busy
+// pod's lumps (a 50 % pod read 44 %).
+func counted(d int64, el time.Duration) int64 {
+	if d > (el + busySlack).Nanoseconds() {
+		return el.Nanoseconds()
+	}
+	return d
+}
+
+// busySlack is how far past the wall time one read of a thread's busy
+// time may go before it is taken for a frozen time charged at a thaw: a
+// few scheduler ticks, far below the frozen times that shows (100 ms to 1 s).
+const busySlack = 30 * time.Millisecond
+
 // sharesAt is shares with the times the windows end, after the first's
 // start. It reads each pod's busy time every busyEvery and counts at most
 // the wall time since the last read: a thread cannot run or wait to run
@@ -78,7 +97,7 @@ func sharesAt(t *testing.T, pods []*computePod, n int, w time.Duration) (out [][
 		now := time.Now()
 		for i, p := range pods {
 			b := busyNS(t, p.work.PID)
-			acc[i] += min(b-prev[i], now.Sub(last).Nanoseconds())
+			acc[i] += counted(b-prev[i], now.Sub(last))
 			prev[i] = b
 		}
 		last = now
