@@ -77,9 +77,10 @@ func (n *NVMLDouble) removeProcess(tb testing.TB, pid int) {
 // BusyNS is the time pid's threads ran or waited to run
 // (/proc/PID/task/*/schedstat), as the NVML double counts a process's GPU
 // use: a frozen process neither runs nor waits. Raw: Linux 6.18 sometimes
-// adds a task's frozen time at once at its first run after a thaw; the
-// double reads it every 20 ms and counts a read past the wall time by more
-// than 30 ms as the wall time, and so do the compute tests (sharesAt).
+// adds a task's frozen time at once at its first run after a thaw: the
+// double caps each process's sample at 100 %, and the compute tests read
+// it every 20 ms and count a read past the wall time by more than 30 ms
+// as the wall time (sharesAt).
 func BusyNS(pid int) (int64, error) {
 	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
 	if err != nil {

@@ -737,28 +737,9 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsign
 #define MAX_WORK 64
 #define HIST 256
 
-// A worker's busy time is read every READ_US by a thread of the double
-// (reader), and a read that passes the wall time since the one before by
-// more than SLACK_US counts that wall time (busy): one thread cannot run
-// or wait to run longer, but Linux
-// 6.18 sometimes charges a task its whole frozen time as time waiting to
-// run at its first run after a thaw (a pod frozen 0.9 s read 911 ms busier
-// at once), which counted in a 200 ms sample made a pod just thawed look
-// busy for all of it, and a pod thawed often (a 50 % share, four runs a
-// second) measured more than it used.
-#define READ_US 20000ULL
-// SLACK_US: how far one read may pass the wall time before it is taken
-// for a frozen time charged at a thaw (then the wall time counts); within
-// it a read counts whole, since a running task's run time reaches its
-// counter in lumps (one read passes the wall time, the next falls short).
-#define SLACK_US 30000ULL
-
 struct worker {
 	unsigned int pid;
-	unsigned long long raw_ns;  // busy_ns at the last read
-	unsigned long long read_ns; // CLOCK_MONOTONIC of the last read
-	unsigned long long busy;    // counted busy time, clipped at each read
-	unsigned long long sampled; // busy at the last sample
+	unsigned long long busy_ns;
 };
 
 static struct {
@@ -810,44 +791,6 @@ static int listed(struct script *s, struct gpu *g, unsigned int pid) {
 	return 0;
 }
 
-// count reads worker k's busy time and counts what it grew by, at most
-// the wall time since its last read; the caller holds mu.
-static void count(struct worker *w, unsigned long long now) {
-	unsigned long long b = busy_ns(w->pid), el = now - w->read_ns;
-	unsigned long long d = b > w->raw_ns ? b - w->raw_ns : 0;
-	w->busy += d > el + SLACK_US * 1000 ? el : d;
-	w->raw_ns = b;
-	w->read_ns = now;
-}
-
-static pthread_t reader_thread;
-static int reader_started;
-static volatile int reader_stop;
-
-static void *reader(void *arg) {
-	(void)arg;
-	while (!reader_stop) {
-		struct timespec t = {0, (long)(READ_US * 1000)};
-		nanosleep(&t, NULL);
-		pthread_mutex_lock(&mu);
-		unsigned long long now = clock_ns(CLOCK_MONOTONIC);
-		for (int g = 0; g < MAX_GPUS; g++)
-			for (int k = 0; k < work[g].nw; k++)
-				count(&work[g].w[k], now);
-		pthread_mutex_unlock(&mu);
-	}
-	return NULL;
-}
-
-// The reader ends before the library is unloaded (gpud's nvmlShutdown
-// closes it).
-__attribute__((destructor)) static void stop_reader(void) {
-	if (reader_started) {
-		reader_stop = 1;
-		pthread_join(reader_thread, NULL);
-	}
-}
-
 // sample_work takes GPU g's work sample if the last is TICK_US old; the
 // caller holds mu.
 static void sample_work(struct script *s, struct gpu *g) {
@@ -865,19 +808,19 @@ static void sample_work(struct script *s, struct gpu *g) {
 		struct proc *p = &s->procs[i];
 		if (p->gpu != g->index || !p->work)
 			continue;
+		unsigned long long b = busy_ns(p->pid);
 		demand[nn] = -1; // first seen: its baseline only
-		next[nn] = (struct worker){.pid = p->pid, .raw_ns = busy_ns(p->pid), .read_ns = now};
 		for (int k = 0; k < st->nw && elapsed; k++) {
 			if (st->w[k].pid != p->pid)
 				continue;
-			next[nn] = st->w[k];
-			count(&next[nn], now);
-			double d = (double)(next[nn].busy - next[nn].sampled) / (double)elapsed;
-			demand[nn] = d > 1 ? 1 : d; // several threads: still one context
+			double d = b > st->w[k].busy_ns ? (double)(b - st->w[k].busy_ns) / (double)elapsed : 0;
+			// At most 100 %: several threads are still one context, and
+			// Linux 6.18 sometimes charges a task its whole frozen time as
+			// time waiting to run at its first run after a thaw.
+			demand[nn] = d > 1 ? 1 : d;
 			sum += demand[nn];
 		}
-		next[nn].sampled = next[nn].busy;
-		nn++;
+		next[nn++] = (struct worker){.pid = p->pid, .busy_ns = b};
 	}
 	unsigned long long ts = clock_ns(CLOCK_REALTIME) / 1000;
 	double scale = sum > 1 ? 1 / sum : 1;
@@ -898,8 +841,6 @@ static void sample_work(struct script *s, struct gpu *g) {
 	memcpy(st->w, next, sizeof(next[0]) * (size_t)nn);
 	st->nw = nn;
 	st->tick_ns = now;
-	if (nn > 0 && !reader_started && pthread_create(&reader_thread, NULL, reader, NULL) == 0)
-		reader_started = 1;
 }
 
 // nvml.h, nvmlDeviceGetProcessUtilization: "Retrieves the current
