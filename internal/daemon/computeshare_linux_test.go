@@ -222,15 +222,9 @@ type trace struct {
 }
 
 func startTrace(t *testing.T, e *env, pods []*computePod) *trace {
-	root, _, _ := cgroups.V2Root()
 	dirs := make([]string, len(pods))
 	for i, p := range pods {
-		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", p.work.PID))
-		for _, line := range strings.Split(string(b), "\n") {
-			if rel, ok := strings.CutPrefix(line, "0::"); ok {
-				dirs[i] = filepath.Dir(filepath.Join(root, rel)) // the pod's
-			}
-		}
+		dirs[i] = filepath.Dir(cgroupDir(p.work.PID)) // the pod's
 	}
 	tr := &trace{stopc: make(chan struct{}), done: make(chan struct{})}
 	go func() {
@@ -252,10 +246,9 @@ func startTrace(t *testing.T, e *env, pods []*computePod) *trace {
 						}
 					}
 				}
-				freeze, _ := os.ReadFile(filepath.Join(dirs[i], "cgroup.freeze"))
-				events, _ := os.ReadFile(filepath.Join(dirs[i], "cgroup.events"))
+				freeze, events := freezer(dirs[i])
 				fmt.Fprintf(&b, " | %s busy %3.0f%% %s freeze=%s %s", p.name, 100*float64(busy-prev[i])/float64(now.Sub(last)), state,
-					strings.TrimSpace(string(freeze)), strings.ReplaceAll(strings.TrimSpace(string(events)), "\n", ","))
+					freeze, strings.ReplaceAll(events, "\n", ","))
 				prev[i] = busy
 			}
 			last = now
@@ -291,27 +284,37 @@ func (tr *trace) log(t *testing.T, from, to time.Time) {
 // never frozen.
 func logFreezers(t *testing.T, pods []*computePod) {
 	t.Helper()
-	root, _, err := cgroups.V2Root()
-	if err != nil {
-		t.Log(err)
-		return
-	}
 	for _, p := range pods {
 		cg, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", p.work.PID))
 		stat, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.work.PID))
 		t.Logf("%s: pid %d stat %q cgroup %q", p.name, p.work.PID, strings.TrimSpace(string(stat)), strings.TrimSpace(string(cg)))
-		for _, line := range strings.Split(string(cg), "\n") {
-			rel, ok := strings.CutPrefix(line, "0::")
-			if !ok {
-				continue
-			}
-			for dir := filepath.Join(root, rel); strings.Contains(dir, "kubepods"); dir = filepath.Dir(dir) {
-				freeze, _ := os.ReadFile(filepath.Join(dir, "cgroup.freeze"))
-				events, _ := os.ReadFile(filepath.Join(dir, "cgroup.events"))
-				t.Logf("  %s: cgroup.freeze %q cgroup.events %q", dir, strings.TrimSpace(string(freeze)), strings.TrimSpace(string(events)))
-			}
+		for dir := cgroupDir(p.work.PID); strings.Contains(dir, "kubepods"); dir = filepath.Dir(dir) {
+			freeze, events := freezer(dir)
+			t.Logf("  %s: cgroup.freeze %q cgroup.events %q", dir, freeze, events)
 		}
 	}
+}
+
+// cgroupDir is pid's cgroup v2 directory ("" when unknown).
+func cgroupDir(pid int) string {
+	root, _, err := cgroups.V2Root()
+	if err != nil {
+		return ""
+	}
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	for _, line := range strings.Split(string(b), "\n") {
+		if rel, ok := strings.CutPrefix(line, "0::"); ok {
+			return filepath.Join(root, rel)
+		}
+	}
+	return ""
+}
+
+// freezer is cgroup directory dir's freeze request and events, as read.
+func freezer(dir string) (freeze, events string) {
+	f, _ := os.ReadFile(filepath.Join(dir, "cgroup.freeze"))
+	e, _ := os.ReadFile(filepath.Join(dir, "cgroup.events"))
+	return strings.TrimSpace(string(f)), strings.TrimSpace(string(e))
 }
 
 func busyNS(t *testing.T, pid int) int64 {
