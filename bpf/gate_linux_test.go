@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -370,5 +371,98 @@ func TestGateShareFence(t *testing.T) {
 	}
 	if err := verdict(m, openFrom(t, ctr, gpus[1].Path), true); err != nil {
 		t.Errorf("fence lifted, high-held GPU: %v (the table's refusal)", err)
+	}
+}
+
+// A low open of a high-held GPU is refused while user space writes the
+// gate's maps as gpud does at every drain and registry update.
+//
+// Policies: with the per-GPU state in preallocated hash maps, the gate held
+// a pointer to the high-held GPU's policy element across its cgroup walk
+// while a rewrite of that GPU's policy retired the element and the next
+// rewrite on the same CPU (a free GPU's) reused it: the gate read the free
+// GPU's holder count, 0, and let the open through (138 of 300 000 here).
+//
+// Classes: the same for cgroup_prio, whose lookup is read at once (a
+// window of a few instructions: 1 of 300 000 got through), when gpud wrote
+// again a class the kernel had (the opener's pod's, and another
+// workload's).
+//
+// The cgroup is nested as a pod's container is, so the walk is as long as
+// on a node.
+func TestGateRefusesWhileItsMapsAreWritten(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		write func(m *bpf.Monitor, pod, other uint64, now uint64) error
+	}{
+		{"policies", func(m *bpf.Monitor, _, _ uint64, now uint64) error {
+			if err := m.SetGPUPolicy(1, bpf.GPUPolicy{High: 1}, now); err != nil {
+				return err
+			}
+			return m.SetGPUPolicy(0, bpf.GPUPolicy{}, now)
+		}},
+		{"classes", func(m *bpf.Monitor, pod, other uint64, _ uint64) error {
+			if err := m.SetCgroupPriority(pod, bpf.PrioLow); err != nil {
+				return err
+			}
+			return m.SetCgroupPriority(other, bpf.PrioWorkload)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, gpus := testutil.MakeFakeGPUs(t, 2)
+			m := loadMonitor(t, gpus)
+			logMode(t, m, 2)
+			if m.GateErr() != nil {
+				testutil.Skip(t, "no gate on this kernel")
+			}
+			if err := m.Register(uint32(os.Getpid()), 0); err != nil {
+				t.Fatal(err)
+			}
+			if err := m.SetEnforcing(true, 30*time.Second); err != nil {
+				t.Fatal(err)
+			}
+			dir, podID := cgroupDir(t, "", "kubepods")
+			for _, name := range []string{"burstable", "pod", "ctr"} {
+				dir, _ = cgroupDir(t, dir, name)
+			}
+			_, otherID := cgroupDir(t, "", "other")
+			if err := m.SetCgroupPriority(podID, bpf.PrioLow); err != nil {
+				t.Fatal(err)
+			}
+			if err := m.SetGPUPolicy(1, bpf.GPUPolicy{High: 1}, bpf.MonotonicNow()); err != nil {
+				t.Fatal(err)
+			}
+			stop := make(chan struct{})
+			done := make(chan int)
+			go func() {
+				// One thread, so that the writes run on one CPU as a sync's do.
+				runtime.LockOSThread()
+				n := 0
+				for {
+					select {
+					case <-stop:
+						done <- n
+						return
+					default:
+					}
+					if err := tc.write(m, podID, otherID, bpf.MonotonicNow()); err != nil {
+						t.Error(err)
+					}
+					n++
+				}
+			}()
+			n := testutil.Count(t, "GPUD_GATE_REWRITE_OPENS", 1000000)
+			opened, refused, other := testutil.OpenLoop(t, gpus[1].Path, n, func(pid int) { testutil.JoinCgroup(t, dir, pid) })
+			close(stop)
+			writes := <-done
+			t.Logf("%d low opens of a high-held GPU beside %d writes: %d refused, %d opened, %d other",
+				n, writes, refused, opened, other)
+			if opened != 0 || other != 0 {
+				t.Errorf("%d of %d low opens of a high-held GPU got through (%d failed otherwise)", opened, n, other)
+			}
+			if writes < 1000 {
+				t.Errorf("only %d writes during the opens: the race was not tried", writes)
+			}
+		})
 	}
 }

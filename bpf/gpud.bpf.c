@@ -63,10 +63,19 @@ volatile __u32 sock_hooks = 0;
 volatile __u32 scm_socks_used = 0;
 volatile __u64 pending_full = 0;    // GPU opens the gate reported itself: pending was full
 
-// Every per-GPU map is keyed by the GPU's kernel dev_t (major << 20 |
-// minor), whatever its minor number or node name: a GPU is its device
-// number. The value here is the GPU's index as user space names it, for
-// events only.
+// A GPU is its kernel dev_t (major << 20 | minor), whatever its minor
+// number or node name: gpu_devs maps it to the GPU's index as user space
+// names it (for events) and to its slot in the per-GPU arrays (gpu_policy,
+// gpu_high_mark, gpu_confirmed).
+//
+// Why arrays: a hash map's element is not its key's for as long as a
+// program holds a pointer to it. Replacing a value in a preallocated hash
+// swaps in a spare element and keeps the old one as the updating CPU's
+// next spare, so the very next update on that CPU (another GPU's policy)
+// writes into the element a concurrent gate still reads: it read another
+// GPU's holder count, 0, and let a low open of a high-held GPU through
+// (seen under a CPU hog in a VM, whose vCPU stalls stretch the window). An
+// array's element is its slot's for good and is updated in place.
 //
 // Map bounds (#32): no unprivileged action may fill a map the protection
 // depends on. Each map says who adds its entries, its bound, and what
@@ -74,12 +83,14 @@ volatile __u64 pending_full = 0;    // GPU opens the gate reported itself: pendi
 // (Monitor.MapUsage: gpud_kernel_map_entries / _capacity, gpud status).
 //
 // gpu_devs: user space only, one per GPU (MAX_GPUS); a GPU that does not
-// fit is shown as not protected (SetGPUs).
+// fit is shown as not protected (SetGPUs). An entry is written when its
+// GPU is added and replaced only if user space renames the GPU (a
+// replaced hash element may be reused under a reader).
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, MAX_GPUS);
-	__type(key, __u32);   // kernel dev_t
-	__type(value, __u32); // GPU index
+	__type(key, __u32); // kernel dev_t
+	__type(value, struct gpu_dev);
 } gpu_devs SEC(".maps");
 
 // pending: the gate, for any task that opens (or access()es) a GPU node,
@@ -133,13 +144,12 @@ struct {
 	__type(value, __u32); // enum prio
 } cgroup_prio SEC(".maps");
 
-// User space creates a GPU's entries here, in gpu_high_mark and in
-// gpu_confirmed before its gpu_devs entry; a GPU tracked without them is
-// one user space shows as not enforced.
+// User space clears a GPU's slot here, in gpu_high_mark and in
+// gpu_confirmed before its gpu_devs entry names the slot.
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, MAX_GPUS);
-	__type(key, __u32); // kernel dev_t
+	__type(key, __u32); // slot (gpu_devs)
 	__type(value, struct gpu_pol);
 } gpu_policy SEC(".maps");
 
@@ -183,18 +193,18 @@ struct {
 // what user space has confirmed in gpu_confirmed, so the GPU counts as held
 // by high priority from the decision on, before user space hears of it.
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, MAX_GPUS);
-	__type(key, __u32); // kernel dev_t
+	__type(key, __u32); // slot (gpu_devs)
 	__type(value, __u64);
 } gpu_high_mark SEC(".maps");
 
 // Written by user space only, after gpu_policy: events up to this time
 // (CLOCK_MONOTONIC) are reflected in gpu_policy.
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, MAX_GPUS);
-	__type(key, __u32); // kernel dev_t
+	__type(key, __u32); // slot (gpu_devs)
 	__type(value, __u64);
 } gpu_confirmed SEC(".maps");
 
@@ -273,8 +283,8 @@ static __always_inline int is_consumer(__u32 tgid)
 }
 
 // gpu_of_inode returns the GPU index of a character-device inode, or -1;
-// *dev gets its dev_t.
-static __always_inline int gpu_of_inode(struct inode *ino, __u32 *dev)
+// *slot gets its slot in the per-GPU arrays.
+static __always_inline int gpu_of_inode(struct inode *ino, __u32 *slot)
 {
 	if (!ino)
 		return -1;
@@ -282,11 +292,11 @@ static __always_inline int gpu_of_inode(struct inode *ino, __u32 *dev)
 	if ((mode & S_IFMT) != S_IFCHR)
 		return -1;
 	__u32 rdev = BPF_CORE_READ(ino, i_rdev);
-	__u32 *gpu = bpf_map_lookup_elem(&gpu_devs, &rdev);
-	if (!gpu)
+	struct gpu_dev *gd = bpf_map_lookup_elem(&gpu_devs, &rdev);
+	if (!gd)
 		return -1;
-	*dev = rdev;
-	return (int)*gpu;
+	*slot = gd->slot;
+	return (int)gd->gpu;
 }
 
 // fd_file returns task t's file at fd, or NULL.
@@ -308,14 +318,14 @@ static __always_inline struct file *fd_file(struct task_struct *t, long fd)
 	return f;
 }
 
-// fd_gpu returns the GPU index behind fd of task t, or -1; *dev gets the
-// GPU's dev_t.
-static __always_inline int fd_gpu(struct task_struct *t, long fd, __u32 *dev)
+// fd_gpu returns the GPU index behind fd of task t, or -1; *slot gets the
+// GPU's slot.
+static __always_inline int fd_gpu(struct task_struct *t, long fd, __u32 *slot)
 {
 	struct file *f = fd_file(t, fd);
 	if (!f)
 		return -1;
-	return gpu_of_inode(BPF_CORE_READ(f, f_inode), dev);
+	return gpu_of_inode(BPF_CORE_READ(f, f_inode), slot);
 }
 
 static __always_inline void emit_cg(__u32 type, __u32 pid, __u32 tgid, __u32 ppid, __s32 fd, __s32 gpu, __u64 cgroup_id)
@@ -442,7 +452,7 @@ static __always_inline int deny(__u32 gpu, __u64 cgroup, __u64 now)
 // report_open reports a GPU open the gate lets through (EV_OPEN, fd
 // unknown: user space reads the opener's fd table): under --hooks driver
 // for every open, otherwise when pending has no room for the mark.
-static __always_inline int report_open(__u32 mark, __u32 rdev, __u32 gpu)
+static __always_inline int report_open(__u32 mark, __u32 slot, __u32 gpu)
 {
 	struct task_struct *t = (struct task_struct *)bpf_get_current_task();
 	__u32 tgid = BPF_CORE_READ(t, tgid);
@@ -457,7 +467,7 @@ static __always_inline int report_open(__u32 mark, __u32 rdev, __u32 gpu)
 		// Marked again after the event is queued: user space cannot
 		// confirm past this mark before it has read the event (and it
 		// confirms no further until it has found the new fd).
-		__u64 *hmark = bpf_map_lookup_elem(&gpu_high_mark, &rdev);
+		__u64 *hmark = bpf_map_lookup_elem(&gpu_high_mark, &slot);
 		if (hmark)
 			*hmark = bpf_ktime_get_ns();
 	}
@@ -474,10 +484,10 @@ int gpud_gate(struct bpf_cgroup_dev_ctx *ctx)
 	if (!((ctx->access_type >> 16) & (BPF_DEVCG_ACC_READ | BPF_DEVCG_ACC_WRITE)))
 		return 1; // mknod only
 	__u32 rdev = (ctx->major << 20) | ctx->minor;
-	__u32 *gpup = bpf_map_lookup_elem(&gpu_devs, &rdev);
-	if (!gpup)
+	struct gpu_dev *gd = bpf_map_lookup_elem(&gpu_devs, &rdev);
+	if (!gd)
 		return 1;
-	__u32 gpu = *gpup;
+	__u32 gpu = gd->gpu, slot = gd->slot;
 	__u32 mark = MARK_GPU;
 
 	__u64 now = bpf_ktime_get_ns();
@@ -485,7 +495,7 @@ int gpud_gate(struct bpf_cgroup_dev_ctx *ctx)
 		int fence = share_fences ? share_fence_of(gpu) : FENCE_NONE;
 		if (fence == FENCE_OUT)
 			return 0; // EPERM: a sharing pod opens a GPU it has no share of
-		struct gpu_pol *pol = bpf_map_lookup_elem(&gpu_policy, &rdev);
+		struct gpu_pol *pol = bpf_map_lookup_elem(&gpu_policy, &slot);
 		if (fence == FENCE_NONE && pol && pol->shared) {
 			// A GPU shared by memory is opened by its claimants (FENCE_IN),
 			// agents and host processes only (cgroups user space never
@@ -497,8 +507,8 @@ int gpud_gate(struct bpf_cgroup_dev_ctx *ctx)
 				return deny(gpu, matched, now); // EPERM
 			}
 		}
-		__u64 *hmark = bpf_map_lookup_elem(&gpu_high_mark, &rdev);
-		__u64 *conf = bpf_map_lookup_elem(&gpu_confirmed, &rdev);
+		__u64 *hmark = bpf_map_lookup_elem(&gpu_high_mark, &slot);
+		__u64 *conf = bpf_map_lookup_elem(&gpu_confirmed, &slot);
 		// A GPU shared by memory is no one's to hold: its pods are there
 		// together whatever their class, so no open of it marks it high or
 		// is refused by the table (only the fence above applies).
@@ -529,7 +539,7 @@ int gpud_gate(struct bpf_cgroup_dev_ctx *ctx)
 	}
 
 	if (report_opens)
-		return report_open(mark, rdev, gpu);
+		return report_open(mark, slot, gpu);
 	__u64 task = bpf_get_current_task();
 	if (bpf_map_update_elem(&pending, &task, &mark, BPF_NOEXIST) == 0)
 		__sync_fetch_and_add(&pending_marks, 1);
@@ -538,7 +548,7 @@ int gpud_gate(struct bpf_cgroup_dev_ctx *ctx)
 		// access()ed a GPU node): no open goes unseen for it, the gate
 		// reports this one itself, as under --hooks driver.
 		__sync_fetch_and_add(&pending_full, 1);
-		return report_open(mark, rdev, gpu);
+		return report_open(mark, slot, gpu);
 	}
 	return 1;
 }
@@ -571,8 +581,8 @@ static __always_inline int on_open_exit(long ret)
 	__u32 tgid = id >> 32;
 	if (is_consumer(tgid))
 		return 0;
-	__u32 dev = 0;
-	int gpu = fd_gpu((struct task_struct *)task, ret, &dev);
+	__u32 slot = 0;
+	int gpu = fd_gpu((struct task_struct *)task, ret, &slot);
 	if (gpu < 0)
 		return 0;
 	mark_holder(tgid);
@@ -580,7 +590,7 @@ static __always_inline int on_open_exit(long ret)
 	if (mark & MARK_HIGH) {
 		// Marked again after the event is queued: user space cannot confirm
 		// past this mark before it has read the event.
-		__u64 *hmark = bpf_map_lookup_elem(&gpu_high_mark, &dev);
+		__u64 *hmark = bpf_map_lookup_elem(&gpu_high_mark, &slot);
 		if (hmark)
 			*hmark = bpf_ktime_get_ns();
 	}
@@ -600,8 +610,8 @@ static __always_inline int on_new_fd(long ret, int holders_only)
 		return 0;
 	if (is_consumer(tgid))
 		return 0;
-	__u32 dev = 0;
-	int gpu = fd_gpu((struct task_struct *)bpf_get_current_task(), ret, &dev);
+	__u32 slot = 0;
+	int gpu = fd_gpu((struct task_struct *)bpf_get_current_task(), ret, &slot);
 	if (gpu < 0)
 		return 0;
 	mark_holder(tgid);
@@ -632,8 +642,8 @@ static __always_inline int enter_close(unsigned long fd_arg)
 	if (!is_holder(tgid))
 		return 0;
 	long fd = (long)(int)fd_arg;
-	__u32 dev = 0;
-	int gpu = fd_gpu((struct task_struct *)bpf_get_current_task(), fd, &dev);
+	__u32 slot = 0;
+	int gpu = fd_gpu((struct task_struct *)bpf_get_current_task(), fd, &slot);
 	if (gpu < 0 || is_consumer(tgid))
 		return 0;
 	emit(EV_CLOSE, (__u32)id, tgid, 0, fd, gpu);
@@ -805,8 +815,8 @@ int on_driver_release(struct pt_regs *ctx)
 	struct inode *ino = (struct inode *)KPROBE_ARG1(ctx);
 	if (!monitoring)
 		return 0;
-	__u32 dev = 0;
-	int gpu = gpu_of_inode(ino, &dev);
+	__u32 slot = 0;
+	int gpu = gpu_of_inode(ino, &slot);
 	if (gpu < 0)
 		return 0;
 	__u64 id = bpf_get_current_pid_tgid();
@@ -823,8 +833,8 @@ int on_receive_fd(struct pt_regs *ctx)
 	struct file *f = (struct file *)KPROBE_ARG1(ctx);
 	if (!monitoring || !f)
 		return 0;
-	__u32 dev = 0;
-	int gpu = gpu_of_inode(BPF_CORE_READ(f, f_inode), &dev);
+	__u32 slot = 0;
+	int gpu = gpu_of_inode(BPF_CORE_READ(f, f_inode), &slot);
 	if (gpu < 0)
 		return 0;
 	__u64 id = bpf_get_current_pid_tgid();

@@ -45,6 +45,12 @@ type gpudEvent struct {
 	Comm     [16]int8
 }
 
+type gpudGpuDev struct {
+	_    structs.HostLayout
+	Gpu  uint32
+	Slot uint32
+}
+
 type gpudGpuPol struct {
 	_               structs.HostLayout
 	High            uint32

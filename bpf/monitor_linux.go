@@ -1,6 +1,7 @@
 package bpf
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"maps"
@@ -123,6 +124,7 @@ type Monitor struct {
 
 	gmu       sync.Mutex
 	devOf     map[uint32]uint32 // GPU index → kernel dev_t
+	slotOf    map[uint32]uint32 // GPU index → its slot in the per-GPU arrays
 	tracked   map[uint32]bool   // GPU index → tracked with all its entries
 	protected map[uint32]bool   // ... and its last policy update went through
 }
@@ -756,42 +758,79 @@ const MaxGPUs = 256
 var ErrUnprotected = errors.New("bpf: GPU not protected by the gate")
 
 // SetGPUs replaces the set of tracked GPU devices: kernel dev_t (see
-// KernelDev) to GPU index. The gate knows a GPU by its dev_t alone, in every
-// map, whatever its minor number or index. A GPU's policy entries are
-// created before the GPU is tracked, so the gate never meets a tracked GPU
-// without them; a GPU whose entries cannot be created is reported in an
+// KernelDev) to GPU index. The gate knows a GPU by its dev_t alone,
+// whatever its minor number or index; gpu_devs gives it the GPU's slot in
+// the per-GPU arrays. A new GPU's slot is cleared before the GPU is
+// tracked, so the gate never meets a tracked GPU with another's values; a
+// GPU that cannot be tracked is reported in an
 // error wrapping ErrUnprotected (the others are set) and Protected says
 // false for it.
 func (m *Monitor) SetGPUs(devs map[uint32]uint32) error {
 	m.gmu.Lock()
 	defer m.gmu.Unlock()
-	var stale []uint32
-	var k, v uint32
+	// What the kernel tracks now. A GPU that stays keeps its entry and its
+	// slot (its policy, marks and confirmation) untouched: a replaced
+	// gpu_devs element may be reused under a reader (gpud.bpf.c).
+	cur := map[uint32]gpudGpuDev{}
+	var k uint32
+	var v gpudGpuDev
 	it := m.objs.GpuDevs.Iterate()
 	for it.Next(&k, &v) {
-		if _, ok := devs[k]; !ok {
-			stale = append(stale, k)
-		}
+		cur[k] = v
 	}
 	if err := it.Err(); err != nil {
 		return fmt.Errorf("bpf: reading GPU devices: %w", err)
 	}
-	for _, k := range stale {
-		for _, mp := range []*ebpf.Map{m.objs.GpuDevs, m.objs.GpuPolicy, m.objs.GpuHighMark, m.objs.GpuConfirmed} {
-			if err := mp.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-				return fmt.Errorf("bpf: removing GPU device %#x: %w", k, err)
-			}
-		}
-	}
-	m.devOf, m.tracked, m.protected = map[uint32]uint32{}, map[uint32]bool{}, map[uint32]bool{}
-	var errs []error
-	for dev, idx := range devs {
-		m.devOf[idx] = dev
-		err := m.addGPU(dev, idx)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("GPU %d (device %d:%d): %w", idx, dev>>20, dev&0xfffff, err))
+	used := map[uint32]bool{}
+	for dev, cv := range cur {
+		if _, ok := devs[dev]; ok {
+			used[cv.Slot] = true
 			continue
 		}
+		if err := m.objs.GpuDevs.Delete(dev); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("bpf: removing GPU device %#x: %w", dev, err)
+		}
+	}
+	m.devOf, m.slotOf = map[uint32]uint32{}, map[uint32]uint32{}
+	m.tracked, m.protected = map[uint32]bool{}, map[uint32]bool{}
+	// New GPUs take the free slots in their index order: the same GPUs get
+	// the same slots whatever the map's order.
+	order := make([]uint32, 0, len(devs))
+	for dev := range devs {
+		order = append(order, dev)
+	}
+	slices.SortFunc(order, func(a, b uint32) int { return cmp.Compare(devs[a], devs[b]) })
+	var errs []error
+	free := uint32(0)
+	for _, dev := range order {
+		idx := devs[dev]
+		m.devOf[idx] = dev
+		cv, ok := cur[dev]
+		switch {
+		case ok && cv.Gpu == idx:
+		case ok:
+			// Renamed: the same device, its slot and state kept.
+			cv.Gpu = idx
+			if err := m.objs.GpuDevs.Update(dev, cv, ebpf.UpdateExist); err != nil {
+				errs = append(errs, fmt.Errorf("GPU %d (device %d:%d): renaming: %w", idx, dev>>20, dev&0xfffff, err))
+				continue
+			}
+		default:
+			for free < MaxGPUs && used[free] {
+				free++
+			}
+			if free >= MaxGPUs {
+				errs = append(errs, fmt.Errorf("GPU %d (device %d:%d): %w", idx, dev>>20, dev&0xfffff, errNoSlot))
+				continue
+			}
+			cv = gpudGpuDev{Gpu: idx, Slot: free}
+			used[free] = true
+			if err := m.addGPU(dev, cv); err != nil {
+				errs = append(errs, fmt.Errorf("GPU %d (device %d:%d): %w", idx, dev>>20, dev&0xfffff, err))
+				continue
+			}
+		}
+		m.slotOf[idx] = cv.Slot
 		m.tracked[idx], m.protected[idx] = true, true
 	}
 	if len(errs) > 0 {
@@ -800,19 +839,22 @@ func (m *Monitor) SetGPUs(devs map[uint32]uint32) error {
 	return nil
 }
 
-// addGPU creates dev's policy entries (kept when they exist), then tracks
-// it.
-func (m *Monitor) addGPU(dev, idx uint32) error {
+// errNoSlot: every slot of the per-GPU arrays is taken.
+var errNoSlot = fmt.Errorf("more than %d GPUs", MaxGPUs)
+
+// addGPU clears a new GPU's slot in the per-GPU arrays (a slot freed by a
+// GPU gone keeps its values), then tracks the GPU in it.
+func (m *Monitor) addGPU(dev uint32, gd gpudGpuDev) error {
 	var zero gpudGpuPol
 	for _, e := range []struct {
 		mp  *ebpf.Map
 		val any
 	}{{m.objs.GpuPolicy, zero}, {m.objs.GpuHighMark, uint64(0)}, {m.objs.GpuConfirmed, uint64(0)}} {
-		if err := e.mp.Update(dev, e.val, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
+		if err := e.mp.Update(gd.Slot, e.val, ebpf.UpdateAny); err != nil {
 			return fmt.Errorf("gate map %s: %w", e.mp, err)
 		}
 	}
-	if err := m.objs.GpuDevs.Put(dev, idx); err != nil {
+	if err := m.objs.GpuDevs.Update(dev, gd, ebpf.UpdateNoExist); err != nil {
 		return fmt.Errorf("tracking the device: %w", err)
 	}
 	return nil
@@ -896,8 +938,16 @@ const (
 )
 
 // SetCgroupPriority classifies a cgroup v2 id (a container's, or a pod's:
-// the gate walks ancestors) as PrioHigh, PrioLow or PrioWorkload.
+// the gate walks ancestors) as PrioHigh, PrioLow or PrioWorkload. A class
+// the kernel has already is not written again: replacing a hash map's value
+// retires its element to the next update on this CPU (another cgroup's),
+// while the gate may still be reading it (gpud.bpf.c, gpu_devs), and gpud
+// repeats a workload's class at each of its updates (a pod's status).
 func (m *Monitor) SetCgroupPriority(cgroupID uint64, prio uint32) error {
+	var cur uint32
+	if err := m.objs.CgroupPrio.Lookup(cgroupID, &cur); err == nil && cur == prio {
+		return nil
+	}
 	if err := m.objs.CgroupPrio.Put(cgroupID, prio); err != nil {
 		return fmt.Errorf("bpf: classifying cgroup %d: %w", cgroupID, err)
 	}
@@ -930,9 +980,14 @@ func (s *GPUSet) Add(gpu int) {
 // FenceCgroup lets the processes of cgroupID (a pod's: the gate walks
 // ancestors) open only the GPUs in gpus while the gate enforces; fenced is
 // how many cgroups are fenced after this one (the gate skips its walk at 0).
+// A fence the kernel has already is not written again (as in
+// SetCgroupPriority: a replaced element may be reused under the gate).
 func (m *Monitor) FenceCgroup(cgroupID uint64, gpus GPUSet, fenced int) error {
-	if err := m.objs.ShareFence.Put(cgroupID, gpus); err != nil {
-		return fmt.Errorf("bpf: fencing cgroup %d to its shared GPUs: %w", cgroupID, err)
+	var cur GPUSet
+	if err := m.objs.ShareFence.Lookup(cgroupID, &cur); err != nil || cur != gpus {
+		if err := m.objs.ShareFence.Put(cgroupID, gpus); err != nil {
+			return fmt.Errorf("bpf: fencing cgroup %d to its shared GPUs: %w", cgroupID, err)
+		}
 	}
 	return m.setShareFences(fenced)
 }
@@ -1033,8 +1088,7 @@ type GPUPolicy struct {
 func (m *Monitor) SetGPUPolicy(gpu uint32, p GPUPolicy, confirmedMono uint64) error {
 	m.gmu.Lock()
 	defer m.gmu.Unlock()
-	dev, ok := m.devOf[gpu]
-	if !ok {
+	if _, ok := m.devOf[gpu]; !ok {
 		return fmt.Errorf("%w: GPU %d is not tracked", ErrUnprotected, gpu)
 	}
 	if !m.tracked[gpu] {
@@ -1047,12 +1101,14 @@ func (m *Monitor) SetGPUPolicy(gpu uint32, p GPUPolicy, confirmedMono uint64) er
 	if p.Shared {
 		v.Shared = 1
 	}
-	// UpdateExist: the entries are SetGPUs', never created here.
-	if err := m.objs.GpuPolicy.Update(dev, v, ebpf.UpdateExist); err != nil {
+	// In place (arrays): the gate reading this GPU's policy meanwhile sees
+	// this GPU's old or new values, never another's.
+	slot := m.slotOf[gpu]
+	if err := m.objs.GpuPolicy.Update(slot, v, ebpf.UpdateExist); err != nil {
 		m.protected[gpu] = false
 		return fmt.Errorf("%w: GPU %d policy: %w", ErrUnprotected, gpu, err)
 	}
-	if err := m.objs.GpuConfirmed.Update(dev, confirmedMono, ebpf.UpdateExist); err != nil {
+	if err := m.objs.GpuConfirmed.Update(slot, confirmedMono, ebpf.UpdateExist); err != nil {
 		m.protected[gpu] = false
 		return fmt.Errorf("%w: GPU %d confirmation: %w", ErrUnprotected, gpu, err)
 	}

@@ -214,6 +214,13 @@ struct gpu_pol {
 };
 
 #define MAX_GPUS 256
+
+/* gpu_devs' value: a GPU's index (user space's name for it, in events) and
+ * its slot (< MAX_GPUS) in the per-GPU arrays. */
+struct gpu_dev {
+	__u32 gpu;
+	__u32 slot;
+};
 /* expect_cgroup's key: a cgroup's leaf name, NUL-padded (user space refuses
  * names of CGROUP_NAME_LEN - 1 bytes or more, so a truncated read never
  * matches). */
