@@ -992,9 +992,13 @@ int BPF_PROG(on_cgroup_mkdir, struct cgroup *cgrp, const char *path)
 	__builtin_memset(&key, 0, sizeof(key));
 	if (!cgroup_v2_leaf(cgrp, &key))
 		return 0;
-	struct cgroup_expect *e = bpf_map_lookup_elem(&expect_cgroup, &key);
-	if (!e)
+	struct cgroup_expect *found = bpf_map_lookup_elem(&expect_cgroup, &key);
+	if (!found)
 		return 0;
+	// Copied at once: user space replacing or removing another name's
+	// expectation may reuse the element (gpu_devs says why).
+	struct cgroup_expect ex = *found;
+	struct cgroup_expect *e = &ex;
 	// Only root makes a runtime's cgroups (runc, systemd, kubelet); the
 	// uid is the init namespace's, so a container's root in a user
 	// namespace is not root here.

@@ -1053,6 +1053,11 @@ func (m *Monitor) ExpectCgroup(name string, prio uint32, parents []uint64) error
 		return fmt.Errorf("bpf: expecting cgroup %q: parents %v, want 1 to %d non-zero ids", name, parents, len(v.Parents))
 	}
 	copy(v.Parents[:], parents)
+	// Not written again when the kernel has it (SetCgroupPriority says why).
+	var cur gpudCgroupExpect
+	if err := m.objs.ExpectCgroup.Lookup(k, &cur); err == nil && cur == v {
+		return nil
+	}
 	if err := m.objs.ExpectCgroup.Put(k, v); err != nil {
 		return fmt.Errorf("bpf: expecting cgroup %q: %w", name, err)
 	}

@@ -17,11 +17,14 @@ import (
 
 // counterPod is a borrower of the lent GPU that holds it and counts in a
 // loop into /tmp/count, restarted by kubelet if it ever stops (so that a
-// restart shows in restartCount); probes as given ("" none).
+// restart shows in restartCount); probes as given ("" none). Each count is
+// written to a new file and renamed over /tmp/count: a freeze between the
+// shell's truncating open and its write (a CI run beside a CPU hog caught
+// one) left the file empty for as long as the pod was frozen.
 func counterPod(t *testing.T, name, probe string) {
 	t.Helper()
 	testPod{name: name, onNode: true, restart: "Always",
-		command:   "exec 3<>/dev/nvidia0; i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done",
+		command:   "exec 3<>/dev/nvidia0; i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count 3<&-; sleep 0.1; done",
 		container: limitOne("gpud.io/idle-gpu") + probe,
 	}.run(t)
 }
