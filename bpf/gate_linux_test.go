@@ -388,6 +388,11 @@ func TestGateShareFence(t *testing.T) {
 // again a class the kernel had (the opener's pod's, and another
 // workload's).
 //
+// Heartbeats: the gate read the time, then the heartbeat; one written in
+// between was newer than the gate's time, and their unsigned difference
+// looked like a heartbeat older than the fail-open delay, so the gate
+// failed open for that open.
+//
 // The cgroup is nested as a pod's container is, so the walk is as long as
 // on a node.
 func TestGateRefusesWhileItsMapsAreWritten(t *testing.T) {
@@ -407,6 +412,7 @@ func TestGateRefusesWhileItsMapsAreWritten(t *testing.T) {
 			}
 			return m.SetCgroupPriority(other, bpf.PrioWorkload)
 		}},
+		{"heartbeats", func(m *bpf.Monitor, _, _ uint64, _ uint64) error { return m.Heartbeat() }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, gpus := testutil.MakeFakeGPUs(t, 2)

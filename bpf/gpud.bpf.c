@@ -490,8 +490,14 @@ int gpud_gate(struct bpf_cgroup_dev_ctx *ctx)
 	__u32 gpu = gd->gpu, slot = gd->slot;
 	__u32 mark = MARK_GPU;
 
+	// The heartbeat is read before the time, and one not older than the
+	// time is fresh: read the other way round, a heartbeat written between
+	// the two reads was newer than the time, its unsigned age enormous, and
+	// the gate failed open for that open.
+	__u64 beat = heartbeat_ns;
+	asm volatile("" ::: "memory");
 	__u64 now = bpf_ktime_get_ns();
-	if (enforcing && now - heartbeat_ns < fail_open_after_ns) {
+	if (enforcing && (beat >= now || now - beat < fail_open_after_ns)) {
 		int fence = share_fences ? share_fence_of(gpu) : FENCE_NONE;
 		if (fence == FENCE_OUT)
 			return 0; // EPERM: a sharing pod opens a GPU it has no share of

@@ -954,6 +954,21 @@ func (m *Monitor) SetCgroupPriority(cgroupID uint64, prio uint32) error {
 	return nil
 }
 
+// CgroupPriority returns the class the kernel has for a cgroup v2 id
+// (PrioHigh, PrioLow, PrioWorkload); false when it has none (for that id
+// itself: the gate also walks its ancestors).
+func (m *Monitor) CgroupPriority(cgroupID uint64) (uint32, bool, error) {
+	var prio uint32
+	err := m.objs.CgroupPrio.Lookup(cgroupID, &prio)
+	switch {
+	case errors.Is(err, ebpf.ErrKeyNotExist):
+		return 0, false, nil
+	case err != nil:
+		return 0, false, fmt.Errorf("bpf: reading cgroup %d's class: %w", cgroupID, err)
+	}
+	return prio, true, nil
+}
+
 // ForgetCgroup removes a cgroup's class: it becomes unmanaged.
 func (m *Monitor) ForgetCgroup(cgroupID uint64) error {
 	if err := m.objs.CgroupPrio.Delete(cgroupID); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {

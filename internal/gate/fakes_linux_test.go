@@ -384,6 +384,13 @@ func (k *fakeKernel) SetCgroupPriority(cgroupID uint64, prio uint32) error {
 	return nil
 }
 
+func (k *fakeKernel) CgroupPriority(cgroupID uint64) (uint32, bool, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	p, ok := k.prio[cgroupID]
+	return p, ok, nil
+}
+
 func (k *fakeKernel) ForgetCgroup(cgroupID uint64) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()

@@ -28,6 +28,7 @@ import (
 type Kernel interface {
 	SetGPUPolicy(gpu uint32, p bpf.GPUPolicy, confirmedMono uint64) error
 	SetCgroupPriority(cgroupID uint64, prio uint32) error
+	CgroupPriority(cgroupID uint64) (prio uint32, ok bool, err error)
 	ForgetCgroup(cgroupID uint64) error
 	FenceCgroup(cgroupID uint64, gpus bpf.GPUSet, fenced int) error
 	UnfenceCgroup(cgroupID uint64, fenced int) error
@@ -545,11 +546,37 @@ func (c *Controller) Opened(info occupancy.ProcInfo, gpu int, ev *bpf.Event) {
 		// A borrower opening its lent GPU while the owner idles is the loan.
 		if Holding(counts, c.lent(gpu)).High {
 			// Got past the gate unclassified: the deny rule, after the fact.
+			// Said at warning level with what the kernel knows of the opener
+			// now: a low workload on a high GPU is what gpud exists to
+			// prevent, and each one must be explainable.
+			c.Log.Warn("a low-priority open of a GPU high priority holds got past the gate: preempting it after the fact",
+				"gpu", gpu, "pid", info.PID, "container_id", info.ContainerID, "pod_uid", info.PodUID,
+				"cgroup_id", ev.CgroupID, "kernel_class", c.kernelClass(ev.CgroupID),
+				"open_age", time.Duration(bpf.MonotonicNow()-ev.Mono).Round(time.Microsecond))
 			v := preempt.Decide(preempt.Holding{High: true}, occupancy.Low)
 			c.Exec.Preempt(c.context(), gpu, v.Rule+" (after the open)", preempt.Party{},
 				[]preempt.Victim{c.victim(info, fmt.Sprintf("opened GPU %d, held by high priority", gpu))}, time.Now(), nil)
 		}
 	}
+}
+
+// kernelClass names the class the kernel has now for a cgroup id itself
+// (not its ancestors'), for the log.
+func (c *Controller) kernelClass(id uint64) string {
+	p, ok, err := c.Kernel.CgroupPriority(id)
+	switch {
+	case err != nil:
+		return "unreadable: " + err.Error()
+	case !ok:
+		return "none"
+	case p == bpf.PrioHigh:
+		return "high"
+	case p == bpf.PrioLow:
+		return "low"
+	case p == bpf.PrioWorkload:
+		return "workload"
+	}
+	return fmt.Sprintf("unknown (%d)", p)
 }
 
 // Drained is the tracker's hook: every event queued before mono is applied.

@@ -1,12 +1,7 @@
 package testutil
 
 import (
-	"bufio"
 	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"syscall"
 	"testing"
 )
 
@@ -42,44 +37,7 @@ int main(int argc, char **argv) {
 // otherwise.
 func OpenLoop(tb testing.TB, path string, n int, setup func(pid int)) (opened, refused, other int) {
 	tb.Helper()
-	dir := tb.TempDir()
-	src := filepath.Join(dir, "openloop.c")
-	bin := filepath.Join(dir, "openloop")
-	if err := os.WriteFile(src, []byte(openLoopC), 0o644); err != nil {
-		tb.Fatal(err)
-	}
-	cc, err := exec.LookPath("cc")
-	if err != nil {
-		Skip(tb, "no C compiler (cc) for the open loop: apt-get install gcc libc6-dev")
-	}
-	if out, err := exec.Command(cc, "-O2", "-o", bin, src).CombinedOutput(); err != nil {
-		tb.Fatalf("building the open loop: %v\n%s", err, out)
-	}
-	cmd := exec.Command(bin, path, fmt.Sprint(n))
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		tb.Fatal(err)
-	}
-	defer cmd.Wait()
-	if setup != nil {
-		setup(cmd.Process.Pid)
-	}
-	if _, err := stdin.Write([]byte("go\n")); err != nil {
-		tb.Fatal(err)
-	}
-	line, err := bufio.NewReader(stdout).ReadString('\n')
-	if err != nil {
-		tb.Fatalf("open loop: %v", err)
-	}
+	_, line := runC(tb, "the open loop", openLoopC, []string{"-O2"}, []string{path, fmt.Sprint(n)}, setup)
 	if _, err := fmt.Sscanf(line, "opened %d refused %d other %d", &opened, &refused, &other); err != nil {
 		tb.Fatalf("open loop said %q: %v", line, err)
 	}

@@ -91,22 +91,37 @@ type ThreadHolder struct {
 // false) or a thread with its own fd table (unshare true).
 func StartThreadHolder(tb testing.TB, path string, unshare bool, setup func(pid int)) *ThreadHolder {
 	tb.Helper()
+	args := []string{path}
+	if unshare {
+		args = append(args, "unshare")
+	}
+	cmd, line := runC(tb, "the thread-shape helper", leaderExitC, []string{"-O1", "-pthread"}, args, setup)
+	f := strings.Fields(line)
+	if len(f) != 2 || f[0] != "ready" {
+		tb.Fatalf("thread-shape helper said %q", line)
+	}
+	fd, _ := strconv.Atoi(f[1])
+	return &ThreadHolder{Cmd: cmd, FD: fd}
+}
+
+// runC builds a C helper (a C compiler needed: cc) and starts it with
+// args, killed at the end of the test; setup runs with its PID (join a
+// cgroup), then a line on its stdin lets it go, and its first line of
+// output is returned. what names the helper in failures.
+func runC(tb testing.TB, what, src string, cflags, args []string, setup func(pid int)) (*exec.Cmd, string) {
+	tb.Helper()
 	dir := tb.TempDir()
-	src := filepath.Join(dir, "leaderexit.c")
-	bin := filepath.Join(dir, "leaderexit")
-	if err := os.WriteFile(src, []byte(leaderExitC), 0o644); err != nil {
+	file := filepath.Join(dir, "helper.c")
+	bin := filepath.Join(dir, "helper")
+	if err := os.WriteFile(file, []byte(src), 0o644); err != nil {
 		tb.Fatal(err)
 	}
 	cc, err := exec.LookPath("cc")
 	if err != nil {
-		Skip(tb, "no C compiler (cc) for the thread-shape helper: apt-get install gcc libc6-dev")
+		Skip(tb, "no C compiler (cc) for "+what+": apt-get install gcc libc6-dev")
 	}
-	if out, err := exec.Command(cc, "-O1", "-pthread", "-o", bin, src).CombinedOutput(); err != nil {
-		tb.Fatalf("building the thread-shape helper: %v\n%s", err, out)
-	}
-	args := []string{path}
-	if unshare {
-		args = append(args, "unshare")
+	if out, err := exec.Command(cc, append(append(cflags, "-o", bin), file)...).CombinedOutput(); err != nil {
+		tb.Fatalf("building %s: %v\n%s", what, err, out)
 	}
 	cmd := exec.Command(bin, args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -131,14 +146,9 @@ func StartThreadHolder(tb testing.TB, path string, unshare bool, setup func(pid 
 	}
 	line, err := bufio.NewReader(stdout).ReadString('\n')
 	if err != nil {
-		tb.Fatalf("thread-shape helper: %v", err)
+		tb.Fatalf("%s: %v", what, err)
 	}
-	f := strings.Fields(line)
-	if len(f) != 2 || f[0] != "ready" {
-		tb.Fatalf("thread-shape helper said %q", line)
-	}
-	fd, _ := strconv.Atoi(f[1])
-	return &ThreadHolder{Cmd: cmd, FD: fd}
+	return cmd, line
 }
 
 // PID is the helper's process id (its exited leader's, when it exited).
