@@ -808,6 +808,7 @@ func (m *Monitor) SetGPUs(devs map[uint32]uint32) error {
 		cv, ok := cur[dev]
 		switch {
 		case ok && cv.Gpu == idx:
+			// Kept as it is.
 		case ok:
 			// Renamed: the same device, its slot and state kept.
 			cv.Gpu = idx
