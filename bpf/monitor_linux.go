@@ -938,18 +938,24 @@ const (
 	PrioWorkload uint32 = 3
 )
 
-// SetCgroupPriority classifies a cgroup v2 id (a container's, or a pod's:
-// the gate walks ancestors) as PrioHigh, PrioLow or PrioWorkload. A class
-// the kernel has already is not written again: replacing a hash map's value
-// retires its element to the next update on this CPU (another cgroup's),
-// while the gate may still be reading it (gpud.bpf.c, gpu_devs), and gpud
-// repeats a workload's class at each of its updates (a pod's status).
-func (m *Monitor) SetCgroupPriority(cgroupID uint64, prio uint32) error {
-	var cur uint32
-	if err := m.objs.CgroupPrio.Lookup(cgroupID, &cur); err == nil && cur == prio {
+// putChanged puts v at k in a hash map unless the map has that value
+// already: replacing a hash map's value retires its element to the next
+// update on this CPU (another key's), while the gate may still be reading
+// it (gpud.bpf.c, gpu_devs), and gpud repeats a workload's class, fence and
+// expectation at each of its updates (a pod's status).
+func putChanged[K any, V comparable](mp *ebpf.Map, k K, v V) error {
+	var cur V
+	if err := mp.Lookup(k, &cur); err == nil && cur == v {
 		return nil
 	}
-	if err := m.objs.CgroupPrio.Put(cgroupID, prio); err != nil {
+	return mp.Put(k, v)
+}
+
+// SetCgroupPriority classifies a cgroup v2 id (a container's, or a pod's:
+// the gate walks ancestors) as PrioHigh, PrioLow or PrioWorkload; a class
+// the kernel has already is not written again (putChanged).
+func (m *Monitor) SetCgroupPriority(cgroupID uint64, prio uint32) error {
+	if err := putChanged(m.objs.CgroupPrio, cgroupID, prio); err != nil {
 		return fmt.Errorf("bpf: classifying cgroup %d: %w", cgroupID, err)
 	}
 	return nil
@@ -996,14 +1002,10 @@ func (s *GPUSet) Add(gpu int) {
 // FenceCgroup lets the processes of cgroupID (a pod's: the gate walks
 // ancestors) open only the GPUs in gpus while the gate enforces; fenced is
 // how many cgroups are fenced after this one (the gate skips its walk at 0).
-// A fence the kernel has already is not written again (as in
-// SetCgroupPriority: a replaced element may be reused under the gate).
+// A fence the kernel has already is not written again (putChanged).
 func (m *Monitor) FenceCgroup(cgroupID uint64, gpus GPUSet, fenced int) error {
-	var cur GPUSet
-	if err := m.objs.ShareFence.Lookup(cgroupID, &cur); err != nil || cur != gpus {
-		if err := m.objs.ShareFence.Put(cgroupID, gpus); err != nil {
-			return fmt.Errorf("bpf: fencing cgroup %d to its shared GPUs: %w", cgroupID, err)
-		}
+	if err := putChanged(m.objs.ShareFence, cgroupID, gpus); err != nil {
+		return fmt.Errorf("bpf: fencing cgroup %d to its shared GPUs: %w", cgroupID, err)
 	}
 	return m.setShareFences(fenced)
 }
@@ -1069,12 +1071,8 @@ func (m *Monitor) ExpectCgroup(name string, prio uint32, parents []uint64) error
 		return fmt.Errorf("bpf: expecting cgroup %q: parents %v, want 1 to %d non-zero ids", name, parents, len(v.Parents))
 	}
 	copy(v.Parents[:], parents)
-	// Not written again when the kernel has it (SetCgroupPriority says why).
-	var cur gpudCgroupExpect
-	if err := m.objs.ExpectCgroup.Lookup(k, &cur); err == nil && cur == v {
-		return nil
-	}
-	if err := m.objs.ExpectCgroup.Put(k, v); err != nil {
+	// Not written again when the kernel has it (putChanged).
+	if err := putChanged(m.objs.ExpectCgroup, k, v); err != nil {
 		return fmt.Errorf("bpf: expecting cgroup %q: %w", name, err)
 	}
 	return nil
