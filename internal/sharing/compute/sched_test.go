@@ -196,6 +196,25 @@ func TestTargetsHeldWhenAllBusy(t *testing.T) {
 	}
 }
 
+// Pods that start one after another (as a node's containers do) hold
+// their targets from the first second: a pod's ratio is learnt only from
+// use of thawed time it counted (its first ratio once read 10 % high, its
+// share 2.5 points low for seconds).
+func TestTargetsHeldAfterAStaggeredStart(t *testing.T) {
+	for _, gap := range []time.Duration{300 * time.Millisecond, 700 * time.Millisecond, 1300 * time.Millisecond} {
+		t.Run(gap.String(), func(t *testing.T) {
+			g := newGPU(t, Pod{UID: "a", Target: 20}, Pod{UID: "b", Target: 30}, Pod{UID: "c", Target: 50})
+			g.sampled = true
+			for _, u := range []string{"a", "b", "c"} {
+				g.busy(u)
+				g.runFor(gap)
+			}
+			g.runFor(5 * time.Second)
+			g.within(10*time.Second, time.Second, 1, map[string]float64{"a": 20, "b": 30, "c": 50})
+		})
+	}
+}
+
 // The token moves about once per busy pod a period, not every slice: a
 // pod given it keeps it for the run it is owed (at most runCap), in a
 // stable order; each move is a freeze and a thaw. Stepped every slice (as
