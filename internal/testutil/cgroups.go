@@ -122,6 +122,15 @@ func JoinCgroup(tb testing.TB, dir string, pid int) {
 
 // removeCgroup removes a cgroup once its members have exited (2 s at most).
 func removeCgroup(dir string) {
+	// Children first: a test's own sub-cgroups (a pod's container) left
+	// behind kept their parent too (TestFreezerV2 left one a run).
+	if ents, err := os.ReadDir(dir); err == nil {
+		for _, e := range ents {
+			if e.IsDir() {
+				removeCgroup(filepath.Join(dir, e.Name()))
+			}
+		}
+	}
 	for i := 0; i < 100 && os.Remove(dir) != nil; i++ {
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -171,10 +180,12 @@ func V1FreezerCgroup(tb testing.TB, name string) string {
 func StartCounter(tb testing.TB, file, gpu string, setup func(pid int)) *exec.Cmd {
 	tb.Helper()
 	// The count is the process's own state (a shell variable): a process
-	// started again would count from 0.
-	script := `read go; i=0; while :; do i=$((i+1)); echo $i > "$0"; sleep 0.01; done`
+	// started again would count from 0. It is written to a new file
+	// renamed over the count: a freeze between a truncating open and its
+	// write left the count empty while frozen.
+	script := `read go; i=0; while :; do i=$((i+1)); echo $i > "$0.new"; mv "$0.new" "$0"; sleep 0.01; done`
 	if gpu != "" {
-		script = `read go; exec 3<>"$1" || exit 1; i=0; while :; do i=$((i+1)); echo $i > "$0"; sleep 0.01 3<&-; done`
+		script = `read go; exec 3<>"$1" || exit 1; i=0; while :; do i=$((i+1)); echo $i > "$0.new"; mv "$0.new" "$0" 3<&-; sleep 0.01 3<&-; done`
 	}
 	cmd := exec.Command("/bin/sh", "-c", script, file, gpu)
 	in, err := cmd.StdinPipe()
@@ -196,15 +207,9 @@ func StartCounter(tb testing.TB, file, gpu string, setup func(pid int)) *exec.Cm
 	return cmd
 }
 
-// Counted reads a counter's last value (0 before its first). The counter
-// truncates and writes: an empty read is retried.
+// Counted reads a counter's last value (0 before its first).
 func Counted(file string) int {
-	for i := 0; i < 1000; i++ {
-		b, _ := os.ReadFile(file)
-		if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
-			return n
-		}
-		time.Sleep(100 * time.Microsecond)
-	}
-	return 0
+	b, _ := os.ReadFile(file)
+	n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return n
 }

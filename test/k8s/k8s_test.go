@@ -263,6 +263,7 @@ patches:
 			return err != nil || strings.TrimSpace(out) == ""
 		})
 		uninstallGate(t)
+		waitUnallocatable(t, "gpud.io/idle-gpu")
 	})
 
 	var gp string

@@ -41,6 +41,20 @@ func allocatable(t *testing.T, resource string) string {
 	return out
 }
 
+// waitUnallocatable waits, once the plugin serving resource has stopped,
+// until the node no longer counts it allocatable. kubelet marks a stopped
+// plugin's devices unhealthy at once but reports them in the node's status
+// up to its status interval (10 s) later: the next test, waiting for "1",
+// took the old count for its own plugin's and its pod was refused ("no
+// healthy devices present"), as in the second run of `go test -count=3`.
+func waitUnallocatable(t *testing.T, resource string) {
+	t.Helper()
+	testutil.Eventually(t, 60*time.Second, resource+" no longer allocatable after its plugin stopped", func() bool {
+		n := allocatable(t, resource)
+		return n == "" || n == "0"
+	})
+}
+
 func registrations(t *testing.T, gp string) int {
 	out, _ := kubectl(t, "-n", "gpud-system", "logs", gp)
 	return strings.Count(out, "device plugin registered")
@@ -51,8 +65,10 @@ func registrations(t *testing.T, gp string) int {
 func TestPodAdmittedBeforeRegistrationIsReported(t *testing.T) {
 	dev, _ := fakeGPU(t)
 	// A resource no test registered before (kubelet keeps a pod asking a
-	// resource it once knew Pending), whatever order the tests run in.
-	const early = "gpud.io/early-idle-gpu"
+	// resource it once knew Pending), whatever order the tests run in, and
+	// no earlier run of this test (go test -count=3): the node keeps a
+	// stopped plugin's resource in its capacity for 5 minutes.
+	early := fmt.Sprintf("gpud.io/early-idle-gpu-%d", time.Now().UnixNano())
 	resourcePod(t, "early", early)
 	mustKubectl(t, "wait", "--for=condition=Ready", "pod/early", "--timeout=60s")
 	deployLending(t, dev, "{op: add, path: /spec/template/spec/containers/0/args/-, value: --resource-name="+early+"}")
@@ -204,7 +220,7 @@ func startStandin(t *testing.T, gpu string) {
 		Backend: &deviceplugin.Static{Nodes: map[string]string{"0": gpu}, ContainerPath: map[string]string{"0": "/dev/nvidia0"}}}
 	done := make(chan struct{})
 	go func() { standin.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
+	t.Cleanup(func() { cancel(); <-done; waitUnallocatable(t, "nvidia.com/gpu") })
 }
 
 // watchHealth follows gpud's ListAndWatch stream: the health of device

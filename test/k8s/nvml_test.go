@@ -3,6 +3,7 @@
 package k8s
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"log/slog"
@@ -52,7 +53,13 @@ func lendingGpud(t *testing.T, dev string, lib nvml.Interface, tweak func(*confi
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	t.Cleanup(func() { cancel(); wg.Wait() })
+	t.Cleanup(func() {
+		cancel()
+		wg.Wait()
+		if run.DevicePlugin {
+			waitUnallocatable(t, cmp.Or(run.ResourceName, config.Defaults().ResourceName))
+		}
+	})
 	wg.Go(func() { d.Run(ctx) })
 	t.Cleanup(func() {
 		if t.Failed() {
