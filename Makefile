@@ -12,6 +12,8 @@ BUILD_DATE := $(shell TZ=UTC git log -1 --date=format-local:%Y-%m-%dT%H:%M:%SZ -
 LDFLAGS   := -X main.version=$(VERSION) -X main.commit=$(COMMIT) -X main.buildDate=$(BUILD_DATE)
 # Privileged packages share the kernel and the fake GPU device numbers: one at a time.
 TESTFLAGS ?= -count=1 -p 1 -timeout 30m
+# The cluster tests' flags (`make test-k8s K8SFLAGS='-count=3 -timeout 50m'`).
+K8SFLAGS  ?= -count=1 -timeout 15m
 BENCHTIME ?= 1x
 # make bench: runs per series (unloaded, loaded); the kernel-matrix guest
 # the syscall-tax benchmark also runs in (empty: none); 1 for CI's smoke run.
@@ -74,7 +76,7 @@ test: build k8s
 	. $(CLUSTER_DIR)/env; \
 	ctr -n k8s.io -a $$CONTAINERD_SOCK images import bin/release/gpud-$(VERSION).oci.tar >/dev/null; \
 	ctr -n k8s.io -a $$CONTAINERD_SOCK images tag --force $(IMAGE) $(IMAGE_REPO):$(VERSION) >/dev/null; \
-	GPUD_VERSION=$(VERSION) $(GOTEST) -tags k8s -count=1 -timeout 15m ./test/k8s/; \
+	GPUD_VERSION=$(VERSION) $(GOTEST) -tags k8s $(K8SFLAGS) ./test/k8s/; \
 	scripts/cluster.sh down $(CLUSTER_DIR); \
 	scripts/deps.sh kmatrix; \
 	GO=$(GO) scripts/kmatrix.sh $(KMATRIX_IN_TEST)
@@ -158,7 +160,7 @@ test-k8s: image k8s
 	. $(CLUSTER_DIR)/env; \
 	ctr -n k8s.io -a $$CONTAINERD_SOCK images import bin/release/gpud-$(VERSION).oci.tar >/dev/null; \
 	ctr -n k8s.io -a $$CONTAINERD_SOCK images tag --force $(IMAGE) $(IMAGE_REPO):$(VERSION) >/dev/null; \
-	GPUD_VERSION=$(VERSION) $(GO) test -tags k8s -count=1 -timeout 15m ./test/k8s/
+	GPUD_VERSION=$(VERSION) $(GO) test -tags k8s $(K8SFLAGS) ./test/k8s/
 
 # gofmt, go vet (k8s-tagged tests too), staticcheck, a build without cgo
 # (only internal/nvidia uses it), the arm64 build and vet (Grace nodes), the
