@@ -56,7 +56,6 @@ func TestFreezerV2(t *testing.T) {
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { os.Remove(dir) })
 	file := filepath.Join(t.TempDir(), "count")
 	cmd := testutil.StartCounter(t, file, "", func(p int) { testutil.JoinCgroup(t, dir, p) })
 	// The workload is the parent (a pod over its container).
